@@ -1,0 +1,155 @@
+"""``generate_artifacts``: the offline phase, with the signature of onnxruntime-training's."""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+
+from onnxtrain.artifacts.graphs import build_graphs
+from onnxtrain.artifacts.optimizer import build_optimizer_model
+from onnxtrain.artifacts.params import plan_parameters
+from onnxtrain.artifacts.source import load_source_model
+from onnxtrain.blocks import losses, optim
+from onnxtrain.blocks.base import Block
+from onnxtrain.checkpoint import CheckpointData, save_checkpoint
+from onnxtrain.ir.files import atomic_write_bytes
+
+__all__ = ["generate_artifacts", "LossType", "OptimType"]
+
+
+class LossType(enum.Enum):
+    """Built-in losses (the names of onnxruntime.training.artifacts.LossType, plus more)."""
+
+    MSELoss = 1
+    CrossEntropyLoss = 2
+    BCEWithLogitsLoss = 3
+    L1Loss = 4
+    HuberLoss = 5
+    NLLLoss = 6
+
+
+class OptimType(enum.Enum):
+    """Built-in optimizers with their default hyper-parameters."""
+
+    AdamW = 1
+    SGD = 2
+    Adam = 3
+
+
+_LOSSES = {LossType.MSELoss: losses.MSELoss, LossType.CrossEntropyLoss: losses.CrossEntropyLoss,
+           LossType.BCEWithLogitsLoss: losses.BCEWithLogitsLoss, LossType.L1Loss: losses.L1Loss,
+           LossType.HuberLoss: losses.HuberLoss, LossType.NLLLoss: losses.NLLLoss}
+_OPTIMIZERS = {OptimType.AdamW: optim.AdamW, OptimType.SGD: optim.SGD, OptimType.Adam: optim.Adam}
+
+
+def _resolve_loss(loss) -> tuple[Block, bool]:
+    """(block, whether every model output goes to it): built-ins take the first output, custom blocks all."""
+    if loss is None:
+        raise ValueError("loss is required: a LossType (e.g. LossType.CrossEntropyLoss) or a Block")
+    if isinstance(loss, LossType):
+        return _LOSSES[loss](), False
+    if isinstance(loss, Block):
+        return loss, not isinstance(loss, tuple(_LOSSES.values()))
+    raise TypeError(f"loss must be a LossType or an onnxtrain.blocks.Block, got {type(loss).__name__}")
+
+
+def _resolve_optimizer(optimizer) -> optim.Optimizer | None:
+    if optimizer is None:
+        return None
+    if isinstance(optimizer, OptimType):
+        return _OPTIMIZERS[optimizer]()
+    if isinstance(optimizer, optim.Optimizer):
+        return optimizer
+    raise TypeError(f"optimizer must be an OptimType or an onnxtrain.blocks.Optimizer, got "
+                    f"{type(optimizer).__name__}")
+
+
+def generate_artifacts(
+    model: onnx.ModelProto | str | os.PathLike,
+    requires_grad: Sequence[str] | None = None,
+    frozen_params: Sequence[str] | None = None,
+    loss: LossType | Block | None = None,
+    optimizer: OptimType | optim.Optimizer | None = None,
+    artifact_directory: str | os.PathLike | None = None,
+    prefix: str = "",
+    ort_format: bool = False,
+    custom_op_library: str | os.PathLike | None = None,
+    additional_output_names: Sequence[str] | None = None,
+    nominal_checkpoint: bool = False,
+    loss_input_names: Sequence[str] | None = None,
+    trainable_ops: int = -1,
+) -> dict[str, str]:
+    """Write ``{prefix}training_model.onnx``, ``eval_model.onnx``, ``optimizer_model.onnx`` and ``checkpoint``.
+
+    Args:
+        model: the forward model (ModelProto, or a path; models over 2 GB must be given as a path).
+        requires_grad: names (or globs) of the parameters to train; None trains every float initializer
+            except frozen ones and BatchNorm running statistics.
+        frozen_params: parameters kept in the checkpoint but never updated.
+        loss: a :class:`LossType` or a :class:`~onnxtrain.blocks.Block` (custom loss).
+        optimizer: an :class:`OptimType` or an optimizer block (``onnxtrain.blocks.AdamW(weight_decay=0.01)``);
+            None writes no optimizer model.
+        artifact_directory: where to write (default: the current directory).
+        prefix: prepended to every file name.
+        ort_format: also write ``.ort`` files (needs onnxruntime's converter, shipped with onnxruntime).
+        custom_op_library: not supported: artifacts are plain ONNX and must not need custom ops.
+        additional_output_names: model values returned after the loss by the training and eval steps.
+        nominal_checkpoint: write names, dtypes and shapes only (the weights ship separately).
+        loss_input_names: model values passed to the loss (default: the first model output for built-in
+            losses, every model output for custom blocks).
+        trainable_ops: train only the parameters of the last N nodes (-1: all, 0: none).
+
+    Returns:
+        A mapping from artifact kind ("training", "eval", "optimizer", "checkpoint") to the file path.
+    """
+    if custom_op_library is not None:
+        raise ValueError("custom_op_library is not supported: onnxtrain artifacts use the default ONNX domain "
+                         "only, so that they run on any stock onnxruntime")
+    loss_block, all_outputs = _resolve_loss(loss)
+    opt_block = _resolve_optimizer(optimizer)
+    source = load_source_model(model)
+    plan = plan_parameters(source.model.graph, source.weights, requires_grad, frozen_params, trainable_ops)
+    graphs = build_graphs(source.model, source.weights, plan, loss_block, loss_input_names,
+                          additional_output_names, all_outputs)
+
+    out_dir = os.fspath(artifact_directory or os.getcwd())
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {kind: os.path.join(out_dir, f"{prefix}{kind}_model.onnx") for kind in ("training", "eval")}
+    models = {"training": graphs.training, "eval": graphs.eval}
+    if opt_block is not None:
+        paths["optimizer"] = os.path.join(out_dir, f"{prefix}optimizer_model.onnx")
+        models["optimizer"] = build_optimizer_model(
+            opt_block, {p: source.weights[p] for p in plan.trainable}, source.opset, graphs.training.ir_version)
+    for kind, proto in models.items():
+        onnx.checker.check_model(proto, full_check=True)
+        atomic_write_bytes(paths[kind], proto.SerializeToString())
+
+    data = CheckpointData(
+        trainable={p: source.weights[p] for p in plan.trainable},
+        frozen={p: source.weights[p] for p in plan.frozen},
+        buffers={p: source.weights[p] for p in plan.buffers},
+        optimizer={p: {s: np.zeros_like(source.weights[p]) for s in opt_block.state_names}
+                   for p in plan.trainable} if opt_block is not None else {},
+    )
+    if nominal_checkpoint:
+        data = data.nominal_copy()
+    paths["checkpoint"] = os.path.join(out_dir, f"{prefix}checkpoint")
+    save_checkpoint(data, paths["checkpoint"])
+    if ort_format:
+        _convert_to_ort([paths[k] for k in models])
+    return paths
+
+
+def _convert_to_ort(model_paths: list[str]) -> None:
+    """Write ``.ort`` next to each model with onnxruntime's own converter."""
+    import onnxruntime as ort
+
+    for path in model_paths:
+        so = ort.SessionOptions()
+        so.optimized_model_filepath = os.path.splitext(path)[0] + ".ort"
+        so.add_session_config_entry("session.save_model_format", "ORT")
+        ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])

@@ -1,0 +1,181 @@
+"""Build the training and eval graphs from the forward graph, a loss block and a parameter plan."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxtrain import conventions as names
+from onnxtrain.artifacts.params import ParameterPlan
+from onnxtrain.autodiff import build_gradients
+from onnxtrain.blocks.base import Block, BuildContext, building
+from onnxtrain.ir.builder import GraphBuilder
+from onnxtrain.ir.passes import constant_values, prune_nodes, used_names
+from onnxtrain.ir.types import TensorInfo, infer_tensor_info
+
+__all__ = ["TrainingGraphs", "build_graphs"]
+
+
+@dataclass
+class TrainingGraphs:
+    training: onnx.ModelProto
+    eval: onnx.ModelProto
+    user_inputs: list[str]
+    label_inputs: list[str]
+
+
+def _value_info(name: str, info: TensorInfo | None) -> onnx.ValueInfoProto:
+    if info is None:
+        return helper.make_tensor_value_info(name, onnx.TensorProto.UNDEFINED, None)
+    return helper.make_tensor_value_info(name, info.elem_type, info.shape)
+
+
+def _model(template: onnx.ModelProto, graph: onnx.GraphProto, meta: dict) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=[op for op in template.opset_import if op.domain in ("", "ai.onnx")],
+                              producer_name="onnxtrain")
+    model.ir_version = max(template.ir_version, 8)
+    for key, value in meta.items():
+        model.metadata_props.add(key=key, value=value)
+    return model
+
+
+def _to_eval_mode(nodes: list[onnx.NodeProto], builder: GraphBuilder) -> list[onnx.NodeProto]:
+    """Dropout off, BatchNormalization on running statistics (and without its training-only outputs)."""
+    out = []
+    for node in nodes:
+        node = copy.deepcopy(node)
+        if node.op_type == "BatchNormalization":
+            for a in node.attribute:
+                if a.name == "training_mode":
+                    a.i = 0
+            del node.output[1:]
+        elif node.op_type == "Dropout":
+            del node.input[2:]
+            del node.output[1:]
+        out.append(node)
+    return out
+
+
+def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: ParameterPlan, loss: Block,
+                 loss_input_names: Sequence[str] | None, additional_output_names: Sequence[str] | None,
+                 all_outputs_to_loss: bool) -> TrainingGraphs:
+    """Assemble the training graph (forward + loss + gradients + accumulation) and the eval graph."""
+    graph = model.graph
+    state = [*plan.trainable, *plan.frozen, *plan.buffers]
+    constants = {k: v for k, v in weights.items() if k not in state}
+    user_inputs = [i for i in graph.input if i.name not in weights]
+
+    # The forward graph with state as inputs and constants as initializers.
+    fwd = copy.deepcopy(graph)
+    del fwd.input[:]
+    fwd.input.extend(user_inputs)
+    fwd.input.extend(helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(weights[n].dtype),
+                                                   weights[n].shape) for n in state)
+    fwd.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in constants.items())
+    fwd_model = _model(model, fwd, {})
+    infos = infer_tensor_info(fwd_model)
+
+    output_names = [o.name for o in graph.output]
+    loss_inputs = list(loss_input_names) if loss_input_names else (output_names if all_outputs_to_loss
+                                                                   else output_names[:1])
+    for name in [*loss_inputs, *(additional_output_names or [])]:
+        if name not in infos:
+            raise ValueError(f"{name!r} is not a value of the model (its outputs are {output_names})")
+
+    # Loss nodes, built by the block into the graph.
+    taken = used_names(fwd)
+    lb = GraphBuilder(model_opset(model), taken=taken)
+    bctx = BuildContext(lb, dict(infos))
+    with building(bctx):
+        loss_out = loss(*loss_inputs)
+    if not isinstance(loss_out, str):
+        raise TypeError(f"the loss block {type(loss).__name__} must return one value name, got {loss_out!r}")
+    loss_name = lb.unique("loss")
+    lb.node("Identity", [loss_out], [loss_name])
+    labels = list(bctx.new_inputs)
+
+    forward_nodes = [copy.deepcopy(n) for n in fwd.node] + lb.nodes
+    full = copy.deepcopy(fwd)
+    del full.node[:]
+    full.node.extend(forward_nodes)
+    full.input.extend(labels)
+    full.initializer.extend(lb.initializers)
+    infos = infer_tensor_info(_model(model, full, {}))
+
+    # Gradients.
+    gb = GraphBuilder(model_opset(model), taken=used_names(full), prefix="grad/")
+    grads = build_gradients(forward_nodes, loss_name, plan.trainable, gb, infos,
+                            constants={**constant_values(full)})
+
+    # Accumulation: out = reset ? g : buffer + g (as onnxruntime-training).
+    acc = GraphBuilder(model_opset(model), taken=used_names(full) | {n.name for n in gb.nodes} |
+                       {o for n in gb.nodes for o in n.output}, prefix="acc/")
+    reset = names.LAZY_RESET_GRAD
+    grad_inputs, grad_outputs = [], []
+    for p in plan.trainable:
+        info = infos[p]
+        g = grads[p] or acc.zeros_like(p, info.elem_type)
+        buf, out = names.grad_buffer_name(p), names.grad_output_name(p)
+        acc.node("Where", [reset, g, acc.op.Add(buf, g)], [out])
+        grad_inputs.append(helper.make_tensor_value_info(buf, info.elem_type, info.shape))
+        grad_outputs.append(helper.make_tensor_value_info(out, info.elem_type, info.shape))
+
+    # Buffers: the training-mode BatchNormalization nodes output the updated running statistics.
+    buffer_outputs = []
+    for node in forward_nodes:
+        if node.op_type == "BatchNormalization" and any(a.name == "training_mode" and a.i for a in node.attribute):
+            outs = list(node.output) + [""] * (3 - len(node.output))
+            for k, buffer in ((1, node.input[3]), (2, node.input[4])):
+                if buffer in plan.buffers:
+                    if not outs[k]:
+                        outs[k] = acc.unique(f"{buffer}_new")
+                    acc.node("Identity", [outs[k]], [names.buffer_output_name(buffer)])
+                    buffer_outputs.append(helper.make_tensor_value_info(names.buffer_output_name(buffer),
+                                                                        infos[buffer].elem_type, infos[buffer].shape))
+            del node.output[:]
+            node.output.extend(outs)
+
+    extra = [_value_info(n, infos.get(n)) for n in (additional_output_names or [])]
+    loss_vi = _value_info(loss_name, infos.get(loss_name))
+    outputs = [loss_vi, *extra, *grad_outputs, *buffer_outputs]
+    all_nodes = prune_nodes([*forward_nodes, *gb.nodes, *acc.nodes], [o.name for o in outputs])
+    train_graph = helper.make_graph(
+        all_nodes, "training",
+        [*user_inputs, *labels, *[i for i in fwd.input if i.name in state], *grad_inputs,
+         helper.make_tensor_value_info(reset, onnx.TensorProto.BOOL, [])],
+        outputs, initializer=_used([*full.initializer, *gb.initializers, *acc.initializers], all_nodes))
+    meta = {
+        "user_inputs": [i.name for i in user_inputs], "labels": [i.name for i in labels], "loss": loss_name,
+        "additional_outputs": list(additional_output_names or []), "trainable": plan.trainable,
+        "frozen": plan.frozen, "buffers": plan.buffers, "model_outputs": output_names,
+    }
+    training = _model(model, train_graph, {names.TRAINING_META: json.dumps(meta)})
+
+    # Eval graph: forward in inference mode + loss.
+    eval_nodes = _to_eval_mode(forward_nodes, lb)
+    eval_nodes = prune_nodes(eval_nodes, [loss_name, *(additional_output_names or [])])
+    eval_graph = helper.make_graph(
+        eval_nodes, "eval", [*user_inputs, *labels, *[i for i in fwd.input if i.name in state]],
+        [loss_vi, *extra], initializer=_used([*full.initializer], eval_nodes))
+    evaluation = _model(model, eval_graph, {names.TRAINING_META: json.dumps(meta)})
+    return TrainingGraphs(training, evaluation, meta["user_inputs"], meta["labels"])
+
+
+def _used(initializers, nodes) -> list[onnx.TensorProto]:
+    consumed = {x for n in nodes for x in n.input}
+    seen, out = set(), []
+    for init in initializers:
+        if init.name in consumed and init.name not in seen:
+            seen.add(init.name)
+            out.append(init)
+    return out
+
+
+def model_opset(model: onnx.ModelProto) -> int:
+    return next(op.version for op in model.opset_import if op.domain in ("", "ai.onnx"))

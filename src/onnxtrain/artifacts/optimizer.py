@@ -1,0 +1,58 @@
+"""Build the optimizer graph: one update of the flat vector of all trainable parameters."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxtrain import conventions as names
+from onnxtrain.blocks.base import BuildContext, building
+from onnxtrain.blocks.optim import Optimizer, OptimizerInputs
+from onnxtrain.ir.builder import GraphBuilder
+
+__all__ = ["build_optimizer_model"]
+
+
+def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], opset: int,
+                          ir_version: int) -> onnx.ModelProto:
+    """The optimizer model for ``params`` (name -> initial value, in flat-buffer order)."""
+    dtypes = {v.dtype for v in params.values()}
+    if len(dtypes) > 1:
+        raise TypeError(f"all trainable parameters must share one dtype for the flat optimizer, got "
+                        f"{sorted(str(d) for d in dtypes)}")
+    dtype = dtypes.pop() if dtypes else np.dtype(np.float32)
+    elem = helper.np_dtype_to_tensor_dtype(dtype)
+    total = int(sum(v.size for v in params.values()))
+    b = GraphBuilder(opset)
+    vector_names = [names.PARAMS, names.GRADIENTS, *optimizer.state_names]
+    for n in [names.LEARNING_RATE, names.STEP, *vector_names, *map(names.output_name, vector_names)]:
+        b.reserve(n)
+    lr = names.LEARNING_RATE
+    step = b.op.Cast(names.STEP, to=onnx.TensorProto.FLOAT)
+    with building(BuildContext(b, {})):
+        new_params, new_states = optimizer.build(OptimizerInputs(lr, step, names.PARAMS, names.GRADIENTS,
+                                                                 {s: s for s in optimizer.state_names}))
+    if dtype != np.float32:  # the update runs in float32 scalars; cast vector results back
+        raise TypeError(f"the optimizer graph supports float32 parameters, got {dtype}")
+    b.node("Identity", [new_params], [names.output_name(names.PARAMS)])
+    for s in optimizer.state_names:
+        b.node("Identity", [new_states[s]], [names.output_name(s)])
+
+    vec = lambda n: helper.make_tensor_value_info(n, elem, [total])  # noqa: E731
+    graph = helper.make_graph(
+        b.nodes, "optimizer",
+        [helper.make_tensor_value_info(lr, onnx.TensorProto.FLOAT, []),
+         helper.make_tensor_value_info(names.STEP, onnx.TensorProto.INT64, []),
+         *[vec(n) for n in vector_names]],
+        [vec(names.output_name(n)) for n in [names.PARAMS, *optimizer.state_names]],
+        initializer=b.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="onnxtrain")
+    model.ir_version = ir_version
+    layout = [{"name": k, "shape": list(v.shape)} for k, v in params.items()]
+    meta = {"type": type(optimizer).__name__, "config": optimizer.config(), "states": list(optimizer.state_names),
+            "params": layout, "dtype": str(dtype)}
+    model.metadata_props.add(key=names.OPTIMIZER_META, value=json.dumps(meta, default=str))
+    return model

@@ -1,0 +1,102 @@
+"""Which initializers are trained, frozen, kept as state buffers, or left as constants."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+from onnxtrain.ir.types import FLOAT_TYPES
+
+__all__ = ["ParameterPlan", "plan_parameters", "batchnorm_buffers"]
+
+
+@dataclass
+class ParameterPlan:
+    trainable: list[str] = field(default_factory=list)
+    frozen: list[str] = field(default_factory=list)
+    buffers: list[str] = field(default_factory=list)  # updated by the training graph, not by gradients
+
+
+def batchnorm_buffers(graph: onnx.GraphProto, initializers: set[str]) -> list[str]:
+    """Running mean/var initializers of training-mode BatchNormalization nodes."""
+    found: list[str] = []
+    for node in graph.node:
+        if node.op_type != "BatchNormalization":
+            continue
+        training = any(a.name == "training_mode" and a.i for a in node.attribute)
+        if training:
+            found += [x for x in node.input[3:5] if x in initializers and x not in found]
+    return found
+
+
+def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str) -> list[str]:
+    """Resolve names and shell-style globs against ``candidates``; unknown names are an error."""
+    if names is None:
+        return []
+    if isinstance(names, str):
+        raise TypeError(f"{what} must be a list of names, got the string {names!r}")
+    out: list[str] = []
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"{what}: parameter names must be strings, got {name!r}")
+        hits = [c for c in candidates if c == name] or (
+            [c for c in candidates if fnmatch.fnmatchcase(c, name)] if any(ch in name for ch in "*?[") else [])
+        if not hits:
+            close = [c for c in candidates if name.split(".")[-1] in c][:5]
+            raise ValueError(f"{what}: {name!r} is not an initializer of the model"
+                             + (f" (similar names: {close})" if close else f" ({len(candidates)} initializers)"))
+        out += [h for h in hits if h not in out]
+    return out
+
+
+def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requires_grad: Sequence[str] | None,
+                    frozen_params: Sequence[str] | None, trainable_ops: int = -1) -> ParameterPlan:
+    """Decide the role of every initializer.
+
+    - ``requires_grad`` (names or globs): trained. When None, every floating-point initializer that is not
+      frozen and not a BatchNorm running statistic is trained.
+    - ``frozen_params``: kept in the checkpoint, fed to the graphs, never updated.
+    - ``trainable_ops=N`` (N >= 0): only parameters consumed by the last N nodes (topological order) train;
+      the other candidates become frozen.
+    - Running statistics of training-mode BatchNormalization become buffers: the training graph updates them.
+    Initializers in none of these roles stay constants inside the graphs.
+    """
+    names = list(weights)
+    float_names = [n for n in names if onnx.helper.np_dtype_to_tensor_dtype(weights[n].dtype) in FLOAT_TYPES]
+    trainable = _expand(requires_grad, names, "requires_grad")
+    frozen = _expand(frozen_params, names, "frozen_params")
+    both = sorted(set(trainable) & set(frozen))
+    if both:
+        raise ValueError(f"{both[0]!r} is listed both in requires_grad and in frozen_params"
+                         + (f" (and {len(both) - 1} more)" if len(both) > 1 else ""))
+    for n in trainable:
+        if n not in float_names:
+            raise TypeError(f"requires_grad: {n!r} has dtype {weights[n].dtype}; only floating-point "
+                            "parameters can be trained")
+    buffers = [b for b in batchnorm_buffers(graph, set(names)) if b not in trainable]
+    if requires_grad is None:
+        trainable = [n for n in float_names if n not in frozen and n not in buffers and weights[n].ndim > 0
+                     and _is_weight_like(graph, n)]
+    if trainable_ops is not None and trainable_ops >= 0:
+        if trainable_ops > len(graph.node):
+            raise ValueError(f"trainable_ops={trainable_ops} but the model has only {len(graph.node)} nodes")
+        last = graph.node[len(graph.node) - trainable_ops:] if trainable_ops else []
+        consumed = {x for n in last for x in n.input}
+        frozen += [n for n in trainable if n not in consumed and n not in frozen]
+        trainable = [n for n in trainable if n in consumed]
+    frozen = [n for n in frozen if n not in buffers]
+    return ParameterPlan(trainable=trainable, frozen=frozen, buffers=buffers)
+
+
+def _is_weight_like(graph: onnx.GraphProto, name: str) -> bool:
+    """Floating initializers used only as shape/scale constants (e.g. Dropout ratio) are not parameters."""
+    for node in graph.node:
+        for i, x in enumerate(node.input):
+            if x == name and (node.op_type, i) in {("Dropout", 1), ("Clip", 1), ("Clip", 2), ("Pad", 2),
+                                                   ("Resize", 1), ("Resize", 2)}:
+                return False
+    return True

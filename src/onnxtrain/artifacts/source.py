@@ -1,0 +1,83 @@
+"""Load the forward model and separate its graph from its weights."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+__all__ = ["SourceModel", "load_source_model", "MIN_OPSET"]
+
+MIN_OPSET = 17
+
+
+@dataclass
+class SourceModel:
+    """The forward graph without initializer data, and the initializer values by name."""
+
+    model: onnx.ModelProto           # initializers removed (their names are in ``weights``)
+    weights: dict[str, np.ndarray]
+    opset: int
+
+
+def _read(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelProto, str | None]:
+    if isinstance(model, onnx.ModelProto):
+        return model, None
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"model file not found: {path}")
+        try:
+            proto = onnx.load(path, load_external_data=False)
+        except Exception as exc:
+            raise ValueError(f"{path} is not a valid ONNX model: {exc}") from None
+        if not proto.graph.node:
+            raise ValueError(f"{path} is not an ONNX model with a graph (no nodes found)")
+        return proto, os.path.dirname(os.path.abspath(path))
+    raise TypeError(f"model must be an onnx.ModelProto or a path to an .onnx file, got {type(model).__name__}")
+
+
+def load_source_model(model: onnx.ModelProto | str | os.PathLike) -> SourceModel:
+    """Read ``model`` (a ModelProto or a path; external data is read from the model's folder)."""
+    proto, base_dir = _read(model)
+    proto = onnx.ModelProto.FromString(proto.SerializeToString()) if base_dir is None else proto
+    opset = next((op.version for op in proto.opset_import if op.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        raise ValueError("the model imports no default-domain (ai.onnx) opset")
+    weights: dict[str, np.ndarray] = {}
+    for init in proto.graph.initializer:
+        try:
+            weights[init.name] = numpy_helper.to_array(init, base_dir=base_dir or "")
+        except Exception as exc:
+            raise ValueError(f"cannot read initializer {init.name!r}: {exc}") from None
+    del proto.graph.initializer[:]
+    if proto.graph.sparse_initializer:
+        raise ValueError("sparse initializers are not supported; convert them to dense initializers first")
+    foreign = [f"{n.name or n.op_type} ({n.domain}::{n.op_type})" for n in proto.graph.node
+               if n.domain not in ("", "ai.onnx")]
+    if foreign:
+        raise ValueError(f"the model uses ops outside the default ONNX domain, which stock onnxruntime "
+                         f"artifacts cannot contain: {', '.join(foreign[:5])}")
+    if opset < MIN_OPSET:
+        proto = _upgrade(proto, weights)
+        opset = MIN_OPSET
+    return SourceModel(proto, weights, opset)
+
+
+def _upgrade(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """Convert to opset 17 (the converter needs the initializers back, so add and strip them again)."""
+    from onnx import version_converter
+
+    proto.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in weights.items())
+    try:
+        proto = version_converter.convert_version(proto, MIN_OPSET)
+    except Exception as exc:
+        raise ValueError(f"cannot convert the model to opset {MIN_OPSET} (onnxtrain needs at least "
+                         f"{MIN_OPSET}): {exc}") from None
+    weights.clear()
+    weights.update({i.name: numpy_helper.to_array(i) for i in proto.graph.initializer})
+    del proto.graph.initializer[:]
+    return proto

@@ -1,0 +1,12 @@
+"""Reverse-mode autodiff over ONNX graphs: one gradient rule per op type, registered by op type.
+
+Importing this package registers every rule module below.
+"""
+
+from onnxtrain.autodiff import elementwise, linalg, loss, nn, reduce, shape  # noqa: F401  (registration)
+from onnxtrain.autodiff.context import GradContext
+from onnxtrain.autodiff.engine import build_gradients
+from onnxtrain.autodiff.registry import GRADIENT_RULES, NON_DIFFERENTIABLE, register, register_zero_gradient
+
+__all__ = ["GradContext", "build_gradients", "GRADIENT_RULES", "NON_DIFFERENTIABLE", "register",
+           "register_zero_gradient"]

@@ -1,0 +1,126 @@
+"""Reverse-mode differentiation of an ONNX graph into more ONNX nodes.
+
+The sweep visits, in reverse topological order, only the nodes that lie on a path from a parameter to the
+loss, asks each op's rule for its input gradients and sums the contributions of values used more than once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+
+from onnxtrain.autodiff.context import GradContext
+from onnxtrain.autodiff.registry import GRADIENT_RULES
+from onnxtrain.errors import UnsupportedOpError
+from onnxtrain.ir.builder import GraphBuilder
+from onnxtrain.ir.types import TensorInfo, np_dtype
+
+__all__ = ["build_gradients"]
+
+
+def _forward_reachable(nodes: Sequence[onnx.NodeProto], sources: set[str]) -> tuple[set[str], set[int]]:
+    values, reached = set(sources), set()
+    for i, n in enumerate(nodes):
+        if any(x in values for x in n.input if x):
+            reached.add(i)
+            values.update(o for o in n.output if o)
+    return values, reached
+
+
+def _backward_reachable(nodes: Sequence[onnx.NodeProto], target: str) -> set[int]:
+    needed, reached = {target}, set()
+    for i in range(len(nodes) - 1, -1, -1):
+        n = nodes[i]
+        if any(o in needed for o in n.output if o):
+            reached.add(i)
+            needed.update(x for x in n.input if x)
+    return reached
+
+
+def _path_to(nodes: Sequence[onnx.NodeProto], params: Sequence[str], node_index: int) -> str:
+    """A readable chain of nodes from some parameter to ``nodes[node_index]`` (for error messages)."""
+    producer = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    chain, frontier, seen = [], deque([node_index]), {node_index}
+    parent: dict[int, int | str] = {}
+    while frontier:
+        i = frontier.popleft()
+        for x in nodes[i].input:
+            if x in params:
+                chain = [x]
+                j: int | str = i
+                while isinstance(j, int):
+                    chain.append(f"{nodes[j].op_type}({nodes[j].name or '?'})")
+                    j = parent.get(j, "")
+                return " -> ".join(chain)
+            p = producer.get(x)
+            if p is not None and p not in seen:
+                seen.add(p)
+                parent[p] = i
+                frontier.append(p)
+    return "?"
+
+
+def build_gradients(nodes: list[onnx.NodeProto], loss: str, params: Sequence[str], builder: GraphBuilder,
+                    infos: dict[str, TensorInfo], constants: dict[str, np.ndarray] | None = None,
+                    seed: str | None = None) -> dict[str, str | None]:
+    """Append to ``builder`` the nodes computing d(loss)/d(param) for each of ``params``.
+
+    Args:
+        nodes: the forward nodes in topological order. Rules may add optional outputs to them (a Dropout
+            mask, MaxPool indices), so they are modified in place.
+        loss: name of the value to differentiate (a scalar, or seeded with ones of its shape).
+        params: names of the values to differentiate with respect to.
+        builder: receives the gradient nodes.
+        infos: element types and shapes of the forward values.
+        constants: values of constant inputs (rules read axes, shapes, ... from them).
+        seed: name of the gradient of ``loss``; ones when omitted.
+
+    Returns:
+        param name -> gradient name, or None for a parameter the loss does not depend on.
+    """
+    constants = constants or {}
+    param_set = set(params)
+    _, forward = _forward_reachable(nodes, param_set)
+    backward = _backward_reachable(nodes, loss)
+    differentiable_values, _ = _forward_reachable([nodes[i] for i in sorted(forward & backward)], param_set)
+
+    contributions: dict[str, list[str]] = defaultdict(list)
+    if seed is None:
+        loss_info = infos.get(loss)
+        if loss_info is not None and loss_info.rank == 0:
+            seed = builder.const(np.ones((), dtype=np_dtype(loss_info.elem_type)), name="loss_grad_seed")
+        else:
+            seed = builder.ones_like(loss, loss_info.elem_type if loss_info else onnx.TensorProto.FLOAT)
+    contributions[loss].append(seed)
+
+    def gradient_of(name: str) -> str | None:
+        parts = contributions.get(name)
+        if not parts:
+            return None
+        if len(parts) > 1:
+            contributions[name] = parts = [builder.op.Sum(*parts) if len(parts) > 2 else builder.op.Add(*parts)]
+        return parts[0]
+
+    for i in sorted(forward & backward, reverse=True):
+        node = nodes[i]
+        dy = [gradient_of(o) if o else None for o in node.output]
+        if all(g is None for g in dy):
+            continue
+        rule = GRADIENT_RULES.get(node.op_type)
+        if rule is None or node.domain not in ("", "ai.onnx"):
+            raise UnsupportedOpError(
+                f"no gradient rule for op {node.op_type!r} (domain {node.domain or 'ai.onnx'!r}) at node "
+                f"{node.name!r}, on the path {_path_to(nodes, params, i)} -> loss. Freeze the parameters "
+                f"before it (frozen_params or trainable_ops) or register a rule with "
+                f"onnxtrain.autodiff.register({node.op_type!r})")
+        ctx = GradContext(node, dy, builder, infos, constants)
+        dxs = list(rule(ctx))
+        if len(dxs) < len(node.input):
+            dxs += [None] * (len(node.input) - len(dxs))
+        for x, dx in zip(node.input, dxs):
+            if dx is not None and x and x in differentiable_values:
+                contributions[x].append(dx)
+    return {p: gradient_of(p) for p in params}

@@ -1,0 +1,32 @@
+"""Building blocks: losses, optimizers and composable ops, in the spirit of onnxblock."""
+
+from onnxtrain.blocks.base import Block, BuildContext, building, current
+from onnxtrain.blocks.losses import BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss
+from onnxtrain.blocks.ops import (
+    Abs,
+    Add,
+    Clip,
+    Constant,
+    Div,
+    Exp,
+    Log,
+    Mul,
+    Neg,
+    Pow,
+    ReduceMean,
+    ReduceSum,
+    Relu,
+    Sigmoid,
+    Sqrt,
+    Sub,
+    reduce,
+)
+from onnxtrain.blocks.optim import SGD, Adam, AdamW, Optimizer, OptimizerInputs
+
+__all__ = [
+    "Block", "BuildContext", "building", "current",
+    "MSELoss", "L1Loss", "HuberLoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "NLLLoss",
+    "Abs", "Add", "Clip", "Constant", "Div", "Exp", "Log", "Mul", "Neg", "Pow", "ReduceMean", "ReduceSum", "Relu",
+    "Sigmoid", "Sqrt", "Sub", "reduce",
+    "Optimizer", "OptimizerInputs", "AdamW", "Adam", "SGD",
+]

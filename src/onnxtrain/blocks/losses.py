@@ -1,0 +1,130 @@
+"""Loss blocks with ``reduction`` "mean" (default), "sum" or "none", as torch defines them.
+
+Each loss declares its label input (``target`` or ``labels``) as a new graph input unless the graph
+already has a value of that name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+
+from onnxtrain.blocks.base import Block, current
+from onnxtrain.blocks.ops import reduce
+from onnxtrain.ir.types import np_dtype
+
+__all__ = ["MSELoss", "L1Loss", "HuberLoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "NLLLoss"]
+
+
+def _target_like(output: str, target: str) -> str:
+    """Declare ``target`` as an input with the type and shape of ``output``."""
+    ctx = current()
+    info = ctx.info(output)
+    return ctx.require_input(target, info.elem_type, info.shape)
+
+
+def _class_labels(output: str, labels: str) -> str:
+    """Declare ``labels``: int64 class indices shaped like ``output`` without its class axis (axis 1)."""
+    ctx = current()
+    shape = ctx.info(output).shape
+    label_shape = None if shape is None else [shape[0], *shape[2:]]
+    return ctx.require_input(labels, onnx.TensorProto.INT64, label_shape)
+
+
+class _Loss(Block):
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"{type(self).__name__}: unknown reduction {reduction!r}; "
+                             "expected 'mean', 'sum' or 'none'")
+        self.reduction = reduction
+
+
+class MSELoss(_Loss):
+    """(output - target)^2."""
+
+    def build(self, output: str, target: str = "target") -> str:
+        diff = self.op.Sub(output, _target_like(output, target))
+        return reduce(self.op.Mul(diff, diff), self.reduction)
+
+
+class L1Loss(_Loss):
+    """|output - target|."""
+
+    def build(self, output: str, target: str = "target") -> str:
+        return reduce(self.op.Abs(self.op.Sub(output, _target_like(output, target))), self.reduction)
+
+
+class HuberLoss(_Loss):
+    """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta); d = output - target (torch's HuberLoss)."""
+
+    def __init__(self, reduction: str = "mean", delta: float = 1.0):
+        super().__init__(reduction)
+        self.delta = delta
+
+    def build(self, output: str, target: str = "target") -> str:
+        op, b = self.op, self.builder
+        dtype = np_dtype(current().info(output).elem_type)
+        d = op.Abs(op.Sub(output, _target_like(output, target)))
+        small = op.Mul(b.const(np.asarray(0.5, dtype)), op.Mul(d, d))
+        large = op.Mul(b.const(np.asarray(self.delta, dtype)), op.Sub(d, b.const(np.asarray(0.5 * self.delta, dtype))))
+        return reduce(op.Where(op.Less(d, b.const(np.asarray(self.delta, dtype))), small, large), self.reduction)
+
+
+class BCEWithLogitsLoss(_Loss):
+    """Binary cross-entropy on logits, computed stably as (1 - t) x + (1 + (pw - 1) t) softplus(-x)."""
+
+    def __init__(self, weight: Sequence[float] | np.ndarray | None = None, reduction: str = "mean",
+                 pos_weight: Sequence[float] | np.ndarray | None = None):
+        super().__init__(reduction)
+        self.weight = None if weight is None else np.asarray(weight)
+        self.pos_weight = None if pos_weight is None else np.asarray(pos_weight)
+
+    def build(self, output: str, target: str = "target") -> str:
+        op, b = self.op, self.builder
+        dtype = np_dtype(current().info(output).elem_type)
+        t = _target_like(output, target)
+        one = b.const(np.asarray(1.0, dtype))
+        # softplus(-x) = max(-x, 0) + log(1 + exp(-|x|)), exact and without overflow.
+        softplus_neg = op.Add(op.Relu(op.Neg(output)), op.Log(op.Add(one, op.Exp(op.Neg(op.Abs(output))))))
+        coeff = one
+        if self.pos_weight is not None:
+            coeff = op.Add(one, op.Mul(b.const((self.pos_weight - 1).astype(dtype)), t))
+        loss = op.Add(op.Mul(op.Sub(one, t), output), op.Mul(coeff, softplus_neg))
+        if self.weight is not None:
+            loss = op.Mul(loss, b.const(self.weight.astype(dtype)))
+        return reduce(loss, self.reduction)
+
+
+class CrossEntropyLoss(_Loss):
+    """Softmax cross-entropy over axis 1 with class-index labels, optional class weights and ignore_index."""
+
+    def __init__(self, weight: Sequence[float] | np.ndarray | None = None, reduction: str = "mean",
+                 ignore_index: int | None = None):
+        super().__init__(reduction)
+        self.weight = None if weight is None else np.asarray(weight)
+        self.ignore_index = ignore_index
+
+    def build(self, scores: str, labels: str = "labels") -> str:
+        dtype = np_dtype(current().info(scores).elem_type)
+        weight = None if self.weight is None else self.builder.const(self.weight.astype(dtype), name="class_weights")
+        return self.op.SoftmaxCrossEntropyLoss(scores, _class_labels(scores, labels), weight,
+                                               reduction=self.reduction, ignore_index=self.ignore_index)
+
+
+class NLLLoss(_Loss):
+    """Negative log-likelihood of log-probabilities (axis 1) with class-index labels."""
+
+    def __init__(self, weight: Sequence[float] | np.ndarray | None = None, reduction: str = "mean",
+                 ignore_index: int | None = None):
+        super().__init__(reduction)
+        self.weight = None if weight is None else np.asarray(weight)
+        self.ignore_index = ignore_index
+
+    def build(self, log_probs: str, labels: str = "labels") -> str:
+        dtype = np_dtype(current().info(log_probs).elem_type)
+        weight = None if self.weight is None else self.builder.const(self.weight.astype(dtype), name="class_weights")
+        return self.op.NegativeLogLikelihoodLoss(log_probs, _class_labels(log_probs, labels), weight,
+                                                 reduction=self.reduction, ignore_index=self.ignore_index)

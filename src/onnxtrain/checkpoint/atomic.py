@@ -1,0 +1,73 @@
+"""Replace a file atomically: a crash at any moment leaves the old complete file or the new complete one.
+
+The bytes go to a temporary file in the target's directory (same file system, so the rename is atomic),
+which is flushed and fsync'ed, renamed onto the target with ``os.replace``, and then the directory is
+fsync'ed so the rename itself survives a power loss. On any error the temporary file is removed. Only a
+hard crash (power loss, SIGKILL) mid-write can leave a ``.<name>.<random>.tmp`` file behind; the target
+is intact either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+
+__all__ = ["atomic_write"]
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
+    """Write ``data`` to ``path`` atomically and durably (see the module docstring).
+
+    Raises:
+        IsADirectoryError: ``path`` is a directory.
+        FileNotFoundError: the directory of ``path`` does not exist.
+        OSError: any other I/O failure; the old file at ``path``, if any, is untouched.
+    """
+    target = os.path.abspath(os.fspath(path))
+    directory, name = os.path.split(target)
+    if os.path.isdir(target):
+        raise IsADirectoryError(errno.EISDIR, "cannot save over a directory", target)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(errno.ENOENT, "cannot save: the directory does not exist", directory)
+    temp, fd = _create_temp(directory, name)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    _fsync_directory(directory)
+
+
+def _create_temp(directory: str, name: str) -> tuple[str, int]:
+    """Create a new, empty temporary file next to the target. Mode 0o666 lets the umask decide the
+    permissions, as for an ordinary new file (``tempfile.mkstemp`` would force 0o600)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        temp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return temp, os.open(temp, flags, 0o666)
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "could not find a free temporary file name", directory)
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make the rename durable. Windows cannot open directories, and some file systems refuse to sync them;
+    there the rename is as durable as the platform allows."""
+    if os.name == "nt":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)

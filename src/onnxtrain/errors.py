@@ -1,0 +1,29 @@
+"""The project's own error types: every failure a user can cause surfaces as one of these."""
+
+__all__ = [
+    "OnnxTrainError",
+    "UnsupportedOpError",
+    "CheckpointError",
+    "InputError",
+    "NonFiniteError",
+]
+
+
+class OnnxTrainError(Exception):
+    """Base class of every error onnxtrain raises on purpose."""
+
+
+class UnsupportedOpError(OnnxTrainError, NotImplementedError):
+    """An op on the path from a trainable parameter to the loss has no gradient rule."""
+
+
+class CheckpointError(OnnxTrainError, ValueError):
+    """A checkpoint file is missing, truncated, altered, or does not match the model."""
+
+
+class InputError(OnnxTrainError, ValueError):
+    """An input given to a training or eval step has the wrong count, dtype or shape."""
+
+
+class NonFiniteError(OnnxTrainError, FloatingPointError):
+    """The loss or a gradient is NaN or infinite."""

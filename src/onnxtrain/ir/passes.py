@@ -1,0 +1,51 @@
+"""Small graph passes over lists of ONNX nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+__all__ = ["prune_nodes", "constant_values", "used_names"]
+
+
+def prune_nodes(nodes: Sequence[onnx.NodeProto], outputs: Iterable[str]) -> list[onnx.NodeProto]:
+    """Keep only the nodes some of ``outputs`` depend on (order preserved)."""
+    needed = set(outputs)
+    kept = []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output if o):
+            kept.append(node)
+            needed.update(x for x in node.input if x)
+    kept.reverse()
+    return kept
+
+
+def constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """Values of the graph's small constants: initializers and Constant nodes holding a tensor."""
+    values = {init.name: numpy_helper.to_array(init) for init in graph.initializer
+              if not init.external_data and np.prod(init.dims) <= 4096}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    values[node.output[0]] = numpy_helper.to_array(attr.t)
+                elif attr.name in ("value_int", "value_float"):
+                    values[node.output[0]] = np.asarray(onnx.helper.get_attribute_value(attr))
+                elif attr.name in ("value_ints", "value_floats"):
+                    values[node.output[0]] = np.asarray(onnx.helper.get_attribute_value(attr))
+    return values
+
+
+def used_names(graph: onnx.GraphProto) -> set[str]:
+    """Every value name the graph mentions."""
+    names = {v.name for v in [*graph.input, *graph.output, *graph.value_info]}
+    names.update(i.name for i in graph.initializer)
+    for node in graph.node:
+        names.update(node.input)
+        names.update(node.output)
+        names.add(node.name)
+    names.discard("")
+    return names

@@ -1,0 +1,44 @@
+"""The interface the runtime needs from an execution engine."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from onnxtrain.ir.types import np_dtype
+
+__all__ = ["Session", "TensorMeta", "graph_io"]
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    name: str
+    dtype: np.dtype
+    shape: tuple | None  # ints, or str/None for symbolic dimensions
+
+
+def graph_io(values) -> list[TensorMeta]:
+    metas = []
+    for v in values:
+        tt = v.type.tensor_type
+        shape = None
+        if tt.HasField("shape"):
+            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+        metas.append(TensorMeta(v.name, np_dtype(tt.elem_type) if tt.elem_type else np.dtype(np.float32), shape))
+    return metas
+
+
+class Session:
+    """Runs one model. ``run`` writes outputs into the arrays given in ``out`` (persistent buffers) and
+    returns the other requested outputs as new arrays."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.inputs = graph_io(model.graph.input)
+        self.outputs = graph_io(model.graph.output)
+
+    def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray],
+            fetch: list[str]) -> list[np.ndarray]:
+        raise NotImplementedError

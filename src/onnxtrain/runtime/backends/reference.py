@@ -1,0 +1,27 @@
+"""Pure-Python execution with onnx.reference.ReferenceEvaluator (slow, dependency-free, exact spec)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import onnx
+from onnx.reference import ReferenceEvaluator
+
+from onnxtrain.runtime.backends.base import Session
+
+__all__ = ["ReferenceSession"]
+
+
+class ReferenceSession(Session):
+    def __init__(self, model: onnx.ModelProto):
+        super().__init__(model)
+        self._evaluator = ReferenceEvaluator(model)
+
+    def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray],
+            fetch: list[str]) -> list[np.ndarray]:
+        names = [*out, *fetch]
+        results = self._evaluator.run(names, dict(feeds))
+        for dest, value in zip(out.values(), results):
+            np.copyto(dest, np.asarray(value).reshape(dest.shape))
+        return [np.asarray(v) for v in results[len(out):]]

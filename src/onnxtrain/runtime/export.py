@@ -1,0 +1,46 @@
+"""Export an inference model: the eval graph without loss or labels, with the trained weights inside."""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+from onnx import helper, numpy_helper
+
+from onnxtrain.ir.files import atomic_write_bytes
+from onnxtrain.ir.passes import prune_nodes
+from onnxtrain.ir.types import infer_tensor_info
+from onnxtrain.runtime.state import CheckpointState
+
+__all__ = ["export_inference_model"]
+
+_PROTO_LIMIT = 1 << 31  # protobuf cannot serialize a message of 2 GB or more
+
+
+def export_inference_model(eval_model: onnx.ModelProto, meta: dict, state: CheckpointState,
+                           path: str | os.PathLike, output_names: list[str]) -> None:
+    graph = eval_model.graph
+    infos = infer_tensor_info(eval_model)
+    unknown = [n for n in output_names if n not in infos]
+    if unknown:
+        raise ValueError(f"cannot export: {unknown} are not values of the model (model outputs: "
+                         f"{meta['model_outputs']})")
+    nodes = prune_nodes(graph.node, output_names)
+    needed = {x for n in nodes for x in n.input} | set(output_names)
+    labels = [n for n in meta["labels"] if n in needed]
+    if labels:
+        raise ValueError(f"cannot export {output_names}: they depend on the label inputs {labels}")
+    values = {**state._params.views(), **state._frozen, **state._buffers}
+    inputs = [i for i in graph.input if i.name in meta["user_inputs"]]
+    initializers = [numpy_helper.from_array(values[n], n) for n in values if n in needed]
+    initializers += [i for i in graph.initializer if i.name in needed]
+    outputs = [helper.make_tensor_value_info(n, infos[n].elem_type, infos[n].shape) for n in output_names]
+    out_graph = helper.make_graph(nodes, "inference", inputs, outputs, initializer=initializers)
+    model = helper.make_model(out_graph, opset_imports=list(eval_model.opset_import), producer_name="onnxtrain")
+    model.ir_version = eval_model.ir_version
+    path = os.fspath(path)
+    if sum(i.ByteSize() for i in initializers) > _PROTO_LIMIT - (64 << 20):
+        onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=os.path.basename(path) + ".data")
+        return
+    atomic_write_bytes(path, model.SerializeToString())

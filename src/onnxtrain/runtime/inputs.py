@@ -1,0 +1,45 @@
+"""Check user inputs against a graph's declared inputs before running it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from onnxtrain.errors import InputError
+from onnxtrain.runtime.backends.base import TensorMeta
+
+__all__ = ["check_inputs", "describe"]
+
+
+def describe(meta: TensorMeta) -> str:
+    dims = "?" if meta.shape is None else "[" + ", ".join(str(d) if d is not None else "?" for d in meta.shape) + "]"
+    return f"{meta.dtype}{dims}"
+
+
+def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what: str) -> list[np.ndarray]:
+    """Return ``values`` as contiguous arrays, or raise InputError naming the first mismatching input."""
+    if len(values) != len(metas):
+        expected = ", ".join(f"{m.name}: {describe(m)}" for m in metas)
+        raise InputError(f"{what} takes {len(metas)} inputs ({expected}), got {len(values)}")
+    arrays = []
+    symbols: dict[str, int] = {}
+    for meta, value in zip(metas, values):
+        array = np.asarray(value)
+        if array.dtype != meta.dtype:
+            raise InputError(f"{what}: input {meta.name!r} expects dtype {meta.dtype}, got {array.dtype} "
+                             f"(expected {describe(meta)}, got {array.dtype}{list(array.shape)})")
+        if meta.shape is not None:
+            if array.ndim != len(meta.shape):
+                raise InputError(f"{what}: input {meta.name!r} expects rank {len(meta.shape)} "
+                                 f"({describe(meta)}), got shape {list(array.shape)}")
+            for axis, (want, got) in enumerate(zip(meta.shape, array.shape)):
+                if isinstance(want, int) and want != got:
+                    raise InputError(f"{what}: input {meta.name!r} expects shape {describe(meta)}, got "
+                                     f"{list(array.shape)} (axis {axis} should be {want})")
+                if isinstance(want, str):
+                    if symbols.setdefault(want, got) != got:
+                        raise InputError(f"{what}: input {meta.name!r} has {want}={got} on axis {axis}, but an "
+                                         f"earlier input has {want}={symbols[want]}")
+        arrays.append(np.ascontiguousarray(array))
+    return arrays

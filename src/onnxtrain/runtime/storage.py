@@ -1,0 +1,59 @@
+"""Flat, double-buffered storage: every trainable parameter (or gradient, or optimizer state) is a view
+into one contiguous vector, so the optimizer updates them all with a dozen vector ops; a second vector
+receives each update and the two swap roles, so nothing is copied between steps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["FlatStorage"]
+
+
+class FlatStorage:
+    """Two flat vectors (``current`` and ``spare``) and a view per named slot into each.
+
+    Args:
+        layout: (name, shape) of each slot, in order.
+        dtype: element type of every slot.
+    """
+
+    def __init__(self, layout: Sequence[tuple[str, tuple[int, ...]]], dtype: np.dtype):
+        self.layout = [(n, tuple(s)) for n, s in layout]
+        self.dtype = np.dtype(dtype)
+        sizes = [int(np.prod(s)) for _, s in self.layout]
+        self.offsets = dict(zip((n for n, _ in self.layout), np.cumsum([0, *sizes[:-1]]).tolist()))
+        self.size = int(sum(sizes))
+        self._vectors = [np.zeros(self.size, self.dtype), np.zeros(self.size, self.dtype)]
+        self._views = [self._make_views(v) for v in self._vectors]
+        self._current = 0
+
+    def _make_views(self, vector: np.ndarray) -> dict[str, np.ndarray]:
+        views = {}
+        for name, shape in self.layout:
+            start = self.offsets[name]
+            views[name] = vector[start:start + int(np.prod(shape))].reshape(shape)
+        return views
+
+    @property
+    def current(self) -> np.ndarray:
+        return self._vectors[self._current]
+
+    @property
+    def spare(self) -> np.ndarray:
+        return self._vectors[1 - self._current]
+
+    def views(self) -> dict[str, np.ndarray]:
+        """Views of the current vector by slot name."""
+        return self._views[self._current]
+
+    def spare_views(self) -> dict[str, np.ndarray]:
+        return self._views[1 - self._current]
+
+    def swap(self) -> None:
+        """The spare vector (just written) becomes current."""
+        self._current = 1 - self._current
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.offsets
