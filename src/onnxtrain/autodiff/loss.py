@@ -22,7 +22,7 @@ def _weighted_onehot_grad(ctx: GradContext, scores: str, labels: str, weights: s
     if ignore is not None:
         keep = op.Not(op.Equal(labels, ctx.const_like(ignore, labels)))
         safe = op.Where(keep, labels, ctx.const_like(0, labels))
-    depth = op.Shape(scores, start=1, end=2)
+    depth = b.squeeze(op.Shape(scores, start=1, end=2), [0])
     onehot = op.OneHot(safe, depth, b.const(np.array([0, 1], dtype=np_dtype(dtype))), axis=1)
     if weights is not None:
         w = op.Gather(weights, safe)

@@ -215,9 +215,17 @@ def batch_normalization(ctx: GradContext):
         dxhat = ctx.op.Mul(dy, ctx.op.Reshape(scale, bshape))
         dx = ctx.op.Mul(_normalized_backward(ctx, xhat, dxhat, axes), inv_std)
     else:
-        inv_std = ctx.op.Reshape(ctx.op.Reciprocal(ctx.op.Sqrt(ctx.op.Add(var, ctx.const_like(eps, x)))), bshape)
-        xhat = ctx.op.Mul(ctx.op.Sub(x, ctx.op.Reshape(mean, bshape)), inv_std)
-        dx = ctx.op.Mul(dy, ctx.op.Mul(ctx.op.Reshape(scale, bshape), inv_std))
+        inv_std = ctx.op.Reciprocal(ctx.op.Sqrt(ctx.op.Add(var, ctx.const_like(eps, x))))   # (C,)
+        centered = ctx.op.Sub(x, ctx.op.Reshape(mean, bshape))
+        xhat = ctx.op.Mul(centered, ctx.op.Reshape(inv_std, bshape))
+        dxhat = ctx.op.Mul(dy, ctx.op.Reshape(scale, bshape))
+        dx = ctx.op.Mul(dxhat, ctx.op.Reshape(inv_std, bshape))
+        # y depends on the statistics too: dmean = -sum(dxhat) inv_std, dvar = -sum(dxhat xhat) inv_std^2 / 2
+        dmean = ctx.op.Neg(ctx.op.Mul(ctx.b.reduce("ReduceSum", dxhat, axes, keepdims=False), inv_std))
+        dvar = ctx.op.Mul(ctx.b.reduce("ReduceSum", ctx.op.Mul(dxhat, xhat), axes, keepdims=False),
+                          ctx.op.Mul(ctx.op.Mul(inv_std, inv_std), ctx.const_like(-0.5, x)))
+        dscale = ctx.b.reduce("ReduceSum", ctx.op.Mul(dy, xhat), axes, keepdims=False)
+        return dx, dscale, ctx.b.reduce("ReduceSum", dy, axes, keepdims=False), dmean, dvar
     dscale = ctx.b.reduce("ReduceSum", ctx.op.Mul(dy, xhat), axes, keepdims=False)
     dbias = ctx.b.reduce("ReduceSum", dy, axes, keepdims=False)
     return dx, dscale, dbias, None, None

@@ -20,8 +20,10 @@ def reduced_axes(ctx: GradContext) -> list[int] | None:
         if axes is not None and ctx.attr("noop_with_empty_axes", 0):
             return []
         return None
-    rank = ctx.rank(ctx.x[0])
-    return sorted(int(a) % rank for a in axes)
+    if any(a < 0 for a in axes):
+        rank = ctx.rank(ctx.x[0])
+        axes = [a % rank for a in axes]
+    return sorted(int(a) for a in axes)
 
 
 def expand_back(ctx: GradContext, g: str, axes: list[int] | None) -> str:
@@ -29,7 +31,8 @@ def expand_back(ctx: GradContext, g: str, axes: list[int] | None) -> str:
     x = ctx.x[0]
     if axes is not None and not ctx.attr("keepdims", 1) and axes:
         g = ctx.b.unsqueeze(g, axes)
-    static = ctx.info(x).static_shape
+    info = ctx.infos.get(x)
+    static = info.static_shape if info is not None else None
     return ctx.op.Expand(g, ctx.b.ints(static) if static is not None else ctx.op.Shape(x))
 
 

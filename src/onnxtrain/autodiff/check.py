@@ -1,0 +1,149 @@
+"""Numerical gradient checking: compare the gradient graph of a model with central finite differences.
+
+    report = check_gradients(model, {"x": x, "w": w}, wrt=["x", "w"])
+    assert report.ok, report
+
+The scalar checked is ``sum_k sum(output_k * r_k)`` with fixed random ``r_k``, so every output element
+contributes with a different weight. Run it in float64 with the reference backend for tight tolerances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxtrain.autodiff.engine import build_gradients
+from onnxtrain.ir.builder import GraphBuilder
+from onnxtrain.ir.passes import constant_values, used_names
+from onnxtrain.ir.types import infer_tensor_info
+
+__all__ = ["GradientReport", "check_gradients", "gradient_model", "run_model", "single_node_model"]
+
+
+@dataclass
+class GradientReport:
+    """Per-input worst errors of the analytic gradient against finite differences."""
+
+    errors: dict[str, float] = field(default_factory=dict)     # max |analytic - numeric| / (atol + rtol |numeric|)
+    analytic: dict[str, np.ndarray] = field(default_factory=dict)
+    numeric: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(e <= 1.0 for e in self.errors.values())
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k}: {v:.3g}" for k, v in self.errors.items()) + (" (ok)" if self.ok else " (FAILED)")
+
+
+def single_node_model(op_type: str, inputs: Mapping[str, np.ndarray], n_outputs: int = 1, opset: int = 18,
+                      constant_inputs: Mapping[str, np.ndarray] | None = None, **attrs) -> onnx.ModelProto:
+    """A model of one node; ``inputs`` are graph inputs, ``constant_inputs`` initializers ("" = omitted)."""
+    constant_inputs = dict(constant_inputs or {})
+    order = [*inputs, *constant_inputs]
+    names = [n if not n.startswith("_omit") else "" for n in order]
+    outs = [f"y{i}" for i in range(n_outputs)]
+    node = helper.make_node(op_type, names, outs, **attrs)
+    graph_inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                    for k, v in inputs.items()]
+    initializers = [onnx.numpy_helper.from_array(v, k) for k, v in constant_inputs.items() if not k.startswith("_omit")]
+    graph = helper.make_graph([node], op_type, graph_inputs,
+                              [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs],
+                              initializer=initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8 if opset <= 17 else (9 if opset <= 20 else 10)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    return model
+
+
+def gradient_model(model: onnx.ModelProto, wrt: Sequence[str], weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """``model`` plus a scalar ``loss = sum_k sum(output_k * weight_k)`` and its gradients ``d_<name>``."""
+    graph = model.graph
+    infos = infer_tensor_info(model)
+    opset = next(op.version for op in model.opset_import if op.domain in ("", "ai.onnx"))
+    b = GraphBuilder(opset, taken=used_names(graph))
+    terms = []
+    for out in graph.output:
+        if out.name in weights:
+            w = b.const(weights[out.name], name=f"r_{out.name}")
+            terms.append(b.reduce("ReduceSum", b.op.Mul(out.name, w), None, keepdims=False))
+    loss = terms[0] if len(terms) == 1 else b.op.Sum(*terms)
+    b.node("Identity", [loss], ["loss"])
+    nodes = [*map(_copy, graph.node), *b.nodes]
+    full = helper.make_graph(nodes, "loss", list(graph.input), [], initializer=[*graph.initializer, *b.initializers])
+    full_model = helper.make_model(full, opset_imports=list(model.opset_import))
+    full_model.ir_version = model.ir_version
+    infos = infer_tensor_info(full_model)
+    gb = GraphBuilder(opset, taken=used_names(full), prefix="grad/")
+    grads = build_gradients(nodes, "loss", list(wrt), gb, infos, constants=constant_values(full))
+    outputs = [helper.make_tensor_value_info("loss", infos["loss"].elem_type, [])]
+    for name in wrt:
+        g = grads[name] or gb.zeros_like(name, infos[name].elem_type)
+        gb.node("Identity", [g], [f"d_{name}"])
+        outputs.append(helper.make_tensor_value_info(f"d_{name}", infos[name].elem_type, None))
+    out_graph = helper.make_graph([*nodes, *gb.nodes], "gradients", list(graph.input), outputs,
+                                  initializer=[*full.initializer, *gb.initializers])
+    out = helper.make_model(out_graph, opset_imports=list(model.opset_import))
+    out.ir_version = model.ir_version
+    return out
+
+
+def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
+    n = onnx.NodeProto()
+    n.CopyFrom(node)
+    return n
+
+
+def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], backend: str = "reference") -> list[np.ndarray]:
+    if backend == "reference":
+        from onnx.reference import ReferenceEvaluator
+
+        from onnxtrain.runtime.backends.reference_ops import PATCHED_OPS
+
+        return [np.asarray(v) for v in ReferenceEvaluator(model, new_ops=PATCHED_OPS).run(None, dict(feeds))]
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, dict(feeds))
+
+
+def check_gradients(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], wrt: Sequence[str], *,
+                    eps: float = 1e-6, rtol: float = 1e-4, atol: float = 1e-6, backend: str = "reference",
+                    seed: int = 0) -> GradientReport:
+    """Compare the analytic gradients of ``model`` w.r.t. ``wrt`` (graph inputs) with central differences."""
+    rng = np.random.default_rng(seed)
+    forward_outputs = run_model(model, inputs, backend)
+    weights = {o.name: rng.standard_normal(np.shape(v)).astype(v.dtype)
+               for o, v in zip(model.graph.output, forward_outputs) if np.issubdtype(v.dtype, np.floating)}
+    gmodel = gradient_model(model, wrt, weights)
+    results = run_model(gmodel, inputs, backend)
+    report = GradientReport()
+
+    def loss_at(feeds) -> float:
+        outs = run_model(model, feeds, backend)
+        return float(sum(np.sum(v.astype(np.float64) * weights[o.name])
+                         for o, v in zip(model.graph.output, outs) if o.name in weights))
+
+    for name, analytic in zip(wrt, results[1:]):
+        x = np.array(inputs[name], dtype=inputs[name].dtype)
+        numeric = np.zeros(x.shape, dtype=np.float64)
+        flat = x.reshape(-1)
+        for i in range(flat.size):
+            orig = flat[i]
+            flat[i] = orig + eps
+            hi = loss_at({**inputs, name: x})
+            flat[i] = orig - eps
+            lo = loss_at({**inputs, name: x})
+            flat[i] = orig
+            numeric.reshape(-1)[i] = (hi - lo) / (2 * eps)
+        analytic = np.asarray(analytic, dtype=np.float64).reshape(x.shape)
+        report.analytic[name], report.numeric[name] = analytic, numeric
+        err = np.abs(analytic - numeric) / (atol + rtol * np.abs(numeric))
+        report.errors[name] = float(err.max()) if err.size else 0.0
+    return report
