@@ -64,7 +64,30 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike) -> SourceModel
     if opset < MIN_OPSET:
         proto = _upgrade(proto, weights)
         opset = MIN_OPSET
+    _unalias_initializers(proto.graph, weights)
     return SourceModel(proto, weights, opset)
+
+
+def _unalias_initializers(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> None:
+    """Turn ``Identity(initializer) -> name`` into an initializer of its own called ``name``.
+
+    torch.onnx.export stores equal-valued parameters once and aliases the others with Identity nodes;
+    they are separate parameters in the source model and must stay separately trainable here.
+    """
+    keep = []
+    graph_outputs = {o.name for o in graph.output}
+    for node in graph.node:
+        if (node.op_type == "Identity" and node.input[0] in weights and node.output[0] not in weights
+                and node.output[0] not in graph_outputs):
+            weights[node.output[0]] = weights[node.input[0]].copy()
+        else:
+            keep.append(node)
+    if len(keep) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(keep)
+        used = {x for n in graph.node for x in n.input} | graph_outputs
+        for name in [w for w in weights if w not in used]:
+            del weights[name]
 
 
 def _upgrade(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:

@@ -48,12 +48,14 @@ class OrtSession(Session):
             self._bind_input(name, array)
         for name, array in out.items():
             self._bind_output(name, array)
-        if fetch != self._fetched:
-            for name in fetch:
-                self._binding.bind_output(name, "cpu")
-                if name not in self._output_order:
-                    self._output_order.append(name)
-            self._fetched = list(fetch)
+        # Re-bind fetched outputs on every run: after a run the binding holds the OrtValues it allocated, which
+        # would be reused as pre-allocated outputs next time (failing when the batch size changes) and returned
+        # again as views, so an array returned by one run would be overwritten by the next.
+        for name in fetch:
+            self._binding.bind_output(name, "cpu")
+            if name not in self._output_order:
+                self._output_order.append(name)
+        self._fetched = list(fetch)
         self._session.run_with_iobinding(self._binding)
         if not fetch:
             return []

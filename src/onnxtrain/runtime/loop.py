@@ -1,0 +1,211 @@
+"""The epoch loop shared by the command line, the demo and the federated client.
+
+    for epoch in range(epochs):
+        result = train_epoch(module, optimizer, batches(x, y, 32, shuffle=True, seed=0, epoch=epoch),
+                             metrics=["accuracy"])
+        print(result.loss, result.metrics["accuracy"], result.num_examples)
+    print(evaluate(module, batches(x_val, y_val, 256), metrics=["accuracy"]).metrics)
+
+Metrics read the predictions that the artifacts return after the loss (generate them with
+``additional_output_names=[<model output>]``); the first additional output is taken as the predictions.
+Loss values are means over examples (each batch's mean loss weighted by its size). Nothing here imports
+anything beyond numpy and the runtime, so a federated client can call it as it is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from onnxtrain.errors import NonFiniteError
+from onnxtrain.runtime.module import Module
+from onnxtrain.runtime.optimizer import Optimizer
+from onnxtrain.runtime.schedulers import LRScheduler
+
+__all__ = ["METRICS", "Totals", "EpochResult", "batches", "num_batches", "train_epoch", "evaluate", "predict",
+           "check_metrics"]
+
+Batch = tuple[np.ndarray, np.ndarray]
+
+
+# -- metrics: (predictions, labels) -> (sum, count); the metric is sum / count over an epoch ---------------------
+def _accuracy(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+    """Class scores on axis 1 (argmax) against class indices."""
+    return float(np.sum(np.argmax(pred, axis=1) == y)), int(y.size)
+
+
+def _top5(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+    k = min(5, pred.shape[1])
+    top = np.argpartition(-pred, k - 1, axis=1)[:, :k]
+    return float(np.sum(np.any(top == np.expand_dims(y, 1), axis=1))), int(y.size)
+
+
+def _binary_accuracy(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+    """Logits (> 0 is the positive class) against 0/1 targets."""
+    return float(np.sum((pred.reshape(y.shape) > 0) == (y > 0.5))), int(y.size)
+
+
+def _mse(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+    d = pred.reshape(y.shape).astype(np.float64) - y
+    return float(np.sum(d * d)), int(y.size)
+
+
+def _mae(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+    return float(np.sum(np.abs(pred.reshape(y.shape).astype(np.float64) - y))), int(y.size)
+
+
+METRICS: dict[str, Callable[[np.ndarray, np.ndarray], tuple[float, int]]] = {
+    "accuracy": _accuracy, "top5_accuracy": _top5, "binary_accuracy": _binary_accuracy, "mse": _mse, "mae": _mae,
+}
+
+
+def check_metrics(names: Sequence[str], predictions: str | None) -> list[str]:
+    """Validate metric names; metrics need a predictions output in the artifacts."""
+    unknown = [m for m in names if m not in METRICS]
+    if unknown:
+        raise ValueError(f"unknown metric {unknown[0]!r}; available metrics: {', '.join(METRICS)}")
+    if names and predictions is None:
+        raise ValueError(f"the metric {names[0]!r} needs the model's predictions, but the artifacts return only the "
+                         "loss; generate them with additional_output_names=[<model output>] "
+                         "(onnxtrain generate --additional-outputs NAME)")
+    return list(names)
+
+
+@dataclass
+class Totals:
+    """Running sums over part of an epoch; ``merge`` continues an interrupted epoch."""
+
+    loss_sum: float = 0.0
+    num_examples: int = 0
+    steps: int = 0
+    metric_sums: dict[str, list[float]] = field(default_factory=dict)  # name -> [sum, count]
+
+    def add(self, loss: float, n: int, pred: np.ndarray | None, y: np.ndarray, metrics: Sequence[str]) -> None:
+        self.loss_sum += loss * n
+        self.num_examples += n
+        self.steps += 1
+        for name in metrics:
+            total, count = METRICS[name](pred, y)
+            acc = self.metric_sums.setdefault(name, [0.0, 0])
+            acc[0] += total
+            acc[1] += count
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.num_examples if self.num_examples else float("nan")
+
+    def metrics(self) -> dict[str, float]:
+        return {k: (s / c if c else float("nan")) for k, (s, c) in self.metric_sums.items()}
+
+
+@dataclass
+class EpochResult:
+    """One pass over a data set: mean loss, metrics, number of examples (for weighting) and timing."""
+
+    loss: float
+    metrics: dict[str, float]
+    num_examples: int
+    steps: int
+    seconds: float
+    stopped: bool = False          # should_stop() ended the pass early
+    totals: Totals = field(default_factory=Totals)
+
+    @property
+    def examples_per_second(self) -> float:
+        return self.num_examples / self.seconds if self.seconds > 0 else float("nan")
+
+
+def batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0,
+            drop_last: bool = False, skip: int = 0) -> Iterator[Batch]:
+    """Mini-batches of (x, y). The shuffle order depends only on (seed, epoch), so an interrupted epoch can be
+    resumed exactly by skipping the ``skip`` batches already done."""
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if len(x) != len(y):
+        raise ValueError(f"x has {len(x)} examples but y has {len(y)}")
+    n = len(x)
+    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else None
+    stop = n - n % batch_size if drop_last else n
+    for start in range(skip * batch_size, stop, batch_size):
+        if order is None:
+            yield x[start:start + batch_size], y[start:start + batch_size]
+        else:
+            idx = order[start:start + batch_size]
+            yield x[idx], y[idx]
+
+
+def num_batches(n: int, batch_size: int, drop_last: bool = False) -> int:
+    """How many batches :func:`batches` yields for ``n`` examples."""
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def _split_outputs(out) -> tuple[float, np.ndarray | None]:
+    """A Module call returns the loss alone, or [loss, *additional outputs]; the first extra is the predictions."""
+    if isinstance(out, list):
+        return float(out[0]), (out[1] if len(out) > 1 else None)
+    return float(out), None
+
+
+def train_epoch(module: Module, optimizer: Optimizer, data: Iterable[Batch], *, scheduler: LRScheduler | None = None,
+                metrics: Sequence[str] = (), on_step: Callable[[int, float], None] | None = None,
+                should_stop: Callable[[], bool] | None = None, totals: Totals | None = None) -> EpochResult:
+    """One pass of optimizer steps over ``data``: forward + backward, ``optimizer.step()``, reset the gradients.
+
+    Args:
+        on_step: called after each step with (batch size, batch loss), e.g. to advance a progress bar.
+        should_stop: polled after each step; True ends the epoch early (``result.stopped``), e.g. on Ctrl-C.
+        totals: the sums of the part of this epoch already done (to resume an interrupted epoch).
+
+    Raises:
+        NonFiniteError: a batch's loss is NaN or infinite; the parameters are left as they were before it.
+    """
+    totals = totals if totals is not None else Totals()
+    module.train()
+    start = time.perf_counter()
+    stopped = False
+    for x, y in data:
+        loss, pred = _split_outputs(module(x, y))
+        if not np.isfinite(loss):  # a Module with on_nonfinite="skip" only warns; a loop must not go on
+            raise NonFiniteError(f"the training loss is {loss} at step {totals.steps + 1} of the epoch")
+        optimizer.step()
+        module.lazy_reset_grad()
+        if scheduler is not None:
+            scheduler.step()
+        totals.add(loss, len(x), pred, y, metrics)
+        if on_step is not None:
+            on_step(len(x), loss)
+        if should_stop is not None and should_stop():
+            stopped = True
+            break
+    seconds = time.perf_counter() - start
+    return EpochResult(totals.loss, totals.metrics(), totals.num_examples, totals.steps, seconds, stopped, totals)
+
+
+def evaluate(module: Module, data: Iterable[Batch], *, metrics: Sequence[str] = (),
+             on_step: Callable[[int, float], None] | None = None) -> EpochResult:
+    """The eval graph over ``data`` (no parameter changes); the Module is left in eval mode."""
+    totals = Totals()
+    module.eval()
+    start = time.perf_counter()
+    for x, y in data:
+        loss, pred = _split_outputs(module(x, y))
+        totals.add(loss, len(x), pred, y, metrics)
+        if on_step is not None:
+            on_step(len(x), loss)
+    seconds = time.perf_counter() - start
+    return EpochResult(totals.loss, totals.metrics(), totals.num_examples, totals.steps, seconds, False, totals)
+
+
+def predict(module: Module, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> np.ndarray:
+    """The predictions (first additional output) of the eval graph for every example, concatenated."""
+    module.eval()
+    outs = []
+    for xb, yb in batches(x, y, batch_size):
+        _, pred = _split_outputs(module(xb, yb))
+        if pred is None:
+            raise ValueError("predict() needs artifacts generated with additional_output_names=[<model output>]")
+        outs.append(pred)
+    return np.concatenate(outs)
