@@ -84,6 +84,14 @@ class GradContext:
             return self.dy[i]  # type: ignore[return-value]
         return self.b.zeros_like(self.y[i], self.elem_type(self.y[i]))
 
+    def keep(self, value: str, cond: str) -> str:
+        """``value`` where ``cond`` holds, zero elsewhere.
+
+        Written as a multiplication by the cast mask: onnxruntime's Where with a broadcast scalar branch is
+        several times slower than Cast + Mul on CPU.
+        """
+        return self.op.Mul(value, self.op.Cast(cond, to=self.elem_type(self.y[0])))
+
     def forward_output(self, index: int, hint: str) -> str:
         """Make the forward node produce its optional output ``index`` (a mask, indices) and return it."""
         outputs = list(self.node.output)

@@ -62,14 +62,14 @@ def abs_(ctx: GradContext):
 @register("Relu")
 def relu(ctx: GradContext):
     x, y = ctx.x[0], ctx.y[0]
-    mask = ctx.op.Greater(y, ctx.const_like(0.0, x))
-    return (ctx.op.Where(mask, ctx.dy[0], ctx.const_like(0.0, x)),)
+    return (ctx.keep(ctx.dy[0], ctx.op.Greater(y, ctx.const_like(0.0, x))),)
 
 
 @register("LeakyRelu")
 def leaky_relu(ctx: GradContext):
     x, alpha = ctx.x[0], ctx.attr("alpha", 0.01)
-    slope = ctx.op.Where(ctx.op.Greater(x, ctx.const_like(0.0, x)), ctx.const_like(1.0, x), ctx.const_like(alpha, x))
+    positive = ctx.op.Cast(ctx.op.Greater(x, ctx.const_like(0.0, x)), to=ctx.elem_type(x))
+    slope = ctx.op.Add(ctx.const_like(alpha, x), ctx.op.Mul(positive, ctx.const_like(1.0 - alpha, x)))  # 1 or alpha
     return (ctx.op.Mul(ctx.dy[0], slope),)
 
 
@@ -153,16 +153,15 @@ def clip(ctx: GradContext):
         if bound is not None:
             ok = cmp(x, bound)
             inside = ok if inside is None else ctx.op.And(inside, ok)
-    dx = dy if inside is None else ctx.op.Where(inside, dy, ctx.const_like(0.0, x))
+    dx = dy if inside is None else ctx.keep(dy, inside)
     return (dx, None, None)
 
 
 @register("Where")
 def where(ctx: GradContext):
     cond, a, b = ctx.x
-    zero = ctx.const_like(0.0, a)
-    da = ctx.op.Where(cond, ctx.dy[0], zero)
-    db = ctx.op.Where(cond, zero, ctx.dy[0])
+    da = ctx.keep(ctx.dy[0], cond)
+    db = ctx.keep(ctx.dy[0], ctx.op.Not(cond))
     return None, ctx.unbroadcast(da, a), ctx.unbroadcast(db, b)
 
 

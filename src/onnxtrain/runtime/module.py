@@ -14,6 +14,7 @@ from onnxtrain.errors import NonFiniteError
 from onnxtrain.runtime.backends import open_session
 from onnxtrain.runtime.inputs import check_inputs
 from onnxtrain.runtime.state import CheckpointState
+from onnxtrain.runtime.variants import specialize_accumulation
 
 __all__ = ["Module", "load_model", "training_metadata"]
 
@@ -68,7 +69,10 @@ class Module:
         train_model = load_model(train_model_uri, "training model")
         self._meta = training_metadata(train_model, "training model")
         self._check_state_matches()
+        self._train_model = train_model
         self._train = open_session(train_model, device, session_options)
+        # The same graph with the reset flag decided in advance (see variants.py); built on first use.
+        self._variants: dict[bool, object] = {}
         self._eval_model = None
         self._eval = None
         if eval_model_uri is not None:
@@ -144,13 +148,20 @@ class Module:
         out = {self._train.outputs[0].name: self._loss}
         out.update({names.grad_output_name(p): g for p, g in st._grads.spare_views().items()})
         out.update({names.buffer_output_name(b): self._buffer_spare[b] for b in st._buffers})
-        extras = self._train.run(feeds, out, list(self._meta["additional_outputs"]))
+        extras = self._session_for(self._reset_pending).run(feeds, out, list(self._meta["additional_outputs"]))
         st._grads.swap()
         for b in st._buffers:
             st._buffers[b], self._buffer_spare[b] = self._buffer_spare[b], st._buffers[b]
         self._reset_pending = False
         self._check_loss()
         return [self._loss.copy(), *extras]
+
+    def _session_for(self, reset: bool):
+        if reset not in self._variants:
+            variant = specialize_accumulation(self._train_model, self._meta["trainable"], reset)
+            self._variants[reset] = (self._train if variant is None else
+                                     open_session(variant, self._device, self._session_options))
+        return self._variants[reset]
 
     def _check_loss(self) -> None:
         self._last_loss_finite = bool(np.isfinite(self._loss))

@@ -33,11 +33,12 @@ def graph_io(values) -> list[TensorMeta]:
 
 class Session:
     """Runs one model. ``run`` writes outputs into the arrays given in ``out`` (persistent buffers) and
-    returns the other requested outputs as new arrays."""
+    returns the other requested outputs as new arrays. Feeds that are not inputs of the model are ignored."""
 
     def __init__(self, model: onnx.ModelProto):
         self.inputs = graph_io(model.graph.input)
         self.outputs = graph_io(model.graph.output)
+        self.input_names = frozenset(m.name for m in self.inputs)
 
     def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray],
             fetch: list[str]) -> list[np.ndarray]:

@@ -45,7 +45,8 @@ class OrtSession(Session):
     def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray],
             fetch: list[str]) -> list[np.ndarray]:
         for name, array in feeds.items():
-            self._bind_input(name, array)
+            if name in self.input_names:
+                self._bind_input(name, array)
         for name, array in out.items():
             self._bind_output(name, array)
         # Re-bind fetched outputs on every run: after a run the binding holds the OrtValues it allocated, which

@@ -22,7 +22,7 @@ class ReferenceSession(Session):
     def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray],
             fetch: list[str]) -> list[np.ndarray]:
         names = [*out, *fetch]
-        results = self._evaluator.run(names, dict(feeds))
+        results = self._evaluator.run(names, {k: v for k, v in feeds.items() if k in self.input_names})
         for dest, value in zip(out.values(), results):
             np.copyto(dest, np.asarray(value).reshape(dest.shape))
         return [np.asarray(v) for v in results[len(out):]]

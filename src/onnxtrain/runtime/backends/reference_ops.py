@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_conv_transpose import ConvTranspose as _ConvTranspose
+from onnx.reference.ops.op_erf import Erf as _Erf
+from onnx.reference.ops.op_grid_sample import GridSample as _GridSample
 
 __all__ = ["PATCHED_OPS"]
 
@@ -38,4 +43,92 @@ class ConvTranspose(_ConvTranspose):
         return (np.concatenate(outs, axis=1),)
 
 
-PATCHED_OPS = [ConvTranspose]
+class Erf(_Erf):
+    """onnx.reference computes Erf in float32 whatever the input type: compute it in the input's precision."""
+
+    op_domain = ""
+
+    def _run(self, x):
+        return (np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy(),)
+
+
+class Gelu(OpRun):
+    """onnx.reference has no Gelu kernel and runs its function body, whose Erf is the float32 one above
+    (function bodies do not see ``new_ops``)."""
+
+    op_domain = ""
+
+    def _run(self, x, approximate="none"):
+        approximate = approximate or "none"
+        if approximate == "tanh":
+            inner = math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)
+            return ((0.5 * x * (1 + np.tanh(inner))).astype(x.dtype),)
+        erf = np.vectorize(math.erf, otypes=[x.dtype])(x / math.sqrt(2)) if x.size else x.copy()
+        return ((0.5 * x * (1 + erf)).astype(x.dtype),)
+
+
+class Mean(OpRun):
+    """onnx.reference adds the inputs in place into the first one, so it fails when that one is broadcast."""
+
+    op_domain = ""
+
+    def _run(self, *args):
+        return ((sum(args[1:], args[0]) / len(args)).astype(args[0].dtype),)
+
+
+class LpNormalization(OpRun):
+    """onnx.reference sums x^p instead of |x|^p, so p=1 (and any odd p) gives a wrong norm."""
+
+    op_domain = ""
+
+    def _run(self, x, axis=-1, p=2):
+        axis, p = -1 if axis is None else axis, 2 if p is None else p
+        norm = np.power(np.power(np.abs(x), p).sum(axis=axis, keepdims=True), 1.0 / p)
+        return (np.where(norm == 0, 0, x / np.where(norm == 0, 1, norm)).astype(x.dtype),)
+
+
+class GlobalLpPool(OpRun):
+    """Missing from onnx.reference: the Lp norm over the spatial axes."""
+
+    op_domain = ""
+
+    def _run(self, x, p=2):
+        p = 2 if p is None else p
+        axes = tuple(range(2, x.ndim))
+        return (np.power(np.power(np.abs(x), p).sum(axis=axes, keepdims=True), 1.0 / p).astype(x.dtype),)
+
+
+class Pad(OpRun):
+    """onnx.reference hands the pads to numpy, which rejects negative pads (the spec crops there)."""
+
+    op_domain = ""
+
+    def _run(self, data, pads=None, constant_value=None, axes=None, mode=None, value=None):
+        mode = mode or "constant"
+        fill = constant_value if constant_value is not None else (value or 0)
+        rank = data.ndim
+        axes = list(range(rank)) if axes is None else [int(a) % rank for a in axes]
+        pads = [int(p) for p in pads]
+        k = len(axes)
+        width, crop = [(0, 0)] * rank, [slice(None)] * rank
+        for i, a in enumerate(axes):
+            begin, end = pads[i], pads[i + k]
+            width[a] = (max(begin, 0), max(end, 0))
+            crop[a] = slice(max(-begin, 0), data.shape[a] - max(-end, 0))
+        data = data[tuple(crop)]
+        if mode == "constant":
+            return (np.pad(data, width, mode="constant", constant_values=fill).astype(data.dtype),)
+        return (np.pad(data, width, mode=mode).astype(data.dtype),)
+
+
+class GridSample(_GridSample):
+    """onnx.reference rounds the sampling coordinates to float32 whatever the input type: keep float64."""
+
+    op_domain = ""
+
+    def _gs_denormalize_coordinates(self, n, dims, align_corners: bool):
+        return np.array([self._gs_denormalize(n=v, length=d, align_corners=align_corners) for v, d in zip(n, dims)],
+                        dtype=np.float64)
+
+
+PATCHED_OPS = [ConvTranspose, Erf, Gelu, GlobalLpPool, GridSample, LpNormalization, Mean, Pad]

@@ -1,0 +1,63 @@
+"""Tiny forward models built with onnx.helper (no torch), for fast tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _model(nodes, inputs, outputs, weights: dict[str, np.ndarray], opset: int = 17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "forward", inputs, outputs,
+                              initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def mlp(features: int = 8, hidden: int = 16, classes: int = 4, seed: int = 0) -> onnx.ModelProto:
+    """input [batch, features] -> Gemm -> Relu -> Gemm -> output [batch, classes]."""
+    rng = np.random.default_rng(seed)
+    weights = {
+        "fc1.weight": (rng.standard_normal((hidden, features)) / np.sqrt(features)).astype(np.float32),
+        "fc1.bias": np.zeros(hidden, np.float32),
+        "fc2.weight": (rng.standard_normal((classes, hidden)) / np.sqrt(hidden)).astype(np.float32),
+        "fc2.bias": np.zeros(classes, np.float32),
+    }
+    nodes = [
+        helper.make_node("Gemm", ["input", "fc1.weight", "fc1.bias"], ["h"], transB=1),
+        helper.make_node("Relu", ["h"], ["a"]),
+        helper.make_node("Gemm", ["a", "fc2.weight", "fc2.bias"], ["output"], transB=1),
+    ]
+    return _model(nodes, [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", features])],
+                  [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", classes])], weights)
+
+
+def conv_bn(channels: int = 4, classes: int = 3, seed: int = 0, dropout: bool = False) -> onnx.ModelProto:
+    """input [batch, 2, 6, 6] -> Conv -> BatchNormalization (training mode) -> Relu -> GAP -> Gemm."""
+    rng = np.random.default_rng(seed)
+    weights = {
+        "conv.weight": (rng.standard_normal((channels, 2, 3, 3)) * 0.3).astype(np.float32),
+        "bn.weight": np.ones(channels, np.float32), "bn.bias": np.zeros(channels, np.float32),
+        "bn.running_mean": np.zeros(channels, np.float32), "bn.running_var": np.ones(channels, np.float32),
+        "fc.weight": (rng.standard_normal((classes, channels)) * 0.5).astype(np.float32),
+        "fc.bias": np.zeros(classes, np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["input", "conv.weight"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"],
+                         ["b", "rm", "rv"], training_mode=1, momentum=0.9),
+        helper.make_node("Relu", ["b"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+    ]
+    last = "f"
+    if dropout:
+        weights["ratio"] = np.array(0.5, np.float32)
+        weights["training"] = np.array(True)
+        nodes.append(helper.make_node("Dropout", ["f", "ratio", "training"], ["d"]))
+        last = "d"
+    nodes.append(helper.make_node("Gemm", [last, "fc.weight", "fc.bias"], ["output"], transB=1))
+    return _model(nodes, [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 2, 6, 6])],
+                  [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", classes])], weights)

@@ -1,0 +1,227 @@
+"""Module / Optimizer / CheckpointState behaviour on small models."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+from onnxtrain.api import CheckpointState, Module, Optimizer
+from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
+from onnxtrain.errors import InputError, NonFiniteError
+from tests import models
+
+
+@pytest.fixture
+def mlp_dir(tmp_path):
+    generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path, additional_output_names=["output"])
+    return tmp_path
+
+
+def load(folder, device="cpu", eval_model=True):
+    state = CheckpointState.load_checkpoint(folder / "checkpoint")
+    module = Module(folder / "training_model.onnx", state, folder / "eval_model.onnx" if eval_model else None,
+                    device=device)
+    return state, module
+
+
+def batch(rng, n=5):
+    return rng.standard_normal((n, 8)).astype(np.float32), rng.integers(0, 4, n).astype(np.int64)
+
+
+def test_two_calls_without_reset_accumulate(mlp_dir, rng):
+    state, module = load(mlp_dir)
+    x, y = batch(rng)
+    module(x, y)
+    once = {n: p.grad for n, p in state.parameters.items()}
+    module(x, y)  # no lazy_reset_grad: gradients add up
+    for n, p in state.parameters.items():
+        np.testing.assert_allclose(p.grad, 2 * once[n], rtol=1e-6, atol=1e-7)
+    module.lazy_reset_grad()
+    module(x, y)
+    for n, p in state.parameters.items():
+        np.testing.assert_allclose(p.grad, once[n], rtol=1e-6, atol=1e-7)
+    assert any(np.abs(g).max() > 0 for g in once.values())
+
+
+def test_returns_loss_and_additional_outputs(mlp_dir, rng):
+    _, module = load(mlp_dir)
+    x, y = batch(rng)
+    loss, logits = module(x, y)
+    assert loss.shape == () and logits.shape == (5, 4)
+    module.eval()
+    eval_loss, eval_logits = module(x, y)
+    np.testing.assert_allclose(eval_loss, loss, rtol=1e-6)
+    np.testing.assert_allclose(eval_logits, logits, rtol=1e-6)
+
+
+def test_ortvalue_in_ortvalue_out(mlp_dir, rng):
+    _, module = load(mlp_dir)
+    x, y = batch(rng)
+    loss, _ = module(ort.OrtValue.ortvalue_from_numpy(x), ort.OrtValue.ortvalue_from_numpy(y))
+    assert isinstance(loss, ort.OrtValue)
+    np.testing.assert_allclose(loss.numpy(), module(x, y)[0], rtol=1e-6)
+
+
+def test_eval_without_eval_model_is_a_clear_error(mlp_dir, rng):
+    _, module = load(mlp_dir, eval_model=False)
+    module.eval()
+    with pytest.raises(RuntimeError, match="no eval model"):
+        module(*batch(rng))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda x, y: (x,), r"takes 2 inputs \(input: float32\[batch, 8\], labels: int64\[batch\]\), got 1"),
+    (lambda x, y: (x.astype(np.float64), y), r"'input' expects dtype float32, got float64"),
+    (lambda x, y: (x[:, :5], y), r"'input' expects shape float32\[batch, 8\], got \[5, 5\]"),
+    (lambda x, y: (x[None], y), r"'input' expects rank 2"),
+    (lambda x, y: (x, y[:3]), r"'labels' has batch=3 on axis 0, but an earlier input has batch=5"),
+])
+def test_bad_inputs_name_the_input(mlp_dir, rng, bad, message):
+    _, module = load(mlp_dir)
+    with pytest.raises(InputError, match=message):
+        module(*bad(*batch(rng)))
+
+
+def test_optimizer_step_changes_trainable_parameters_only(tmp_path, rng):
+    generate_artifacts(models.mlp(), requires_grad=["fc2.*"], frozen_params=["fc1.*"],
+                       loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD, artifact_directory=tmp_path)
+    state, module = load(tmp_path)
+    before = {n: p.data for n, p in state.parameters.items()}
+    assert [n for n, p in state.parameters.items() if p.requires_grad] == ["fc2.weight", "fc2.bias"]
+    opt = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    opt.set_learning_rate(0.1)
+    module(*batch(rng))
+    grads = {n: state.parameters[n].grad for n in ("fc2.weight", "fc2.bias")}
+    opt.step()
+    for n, p in state.parameters.items():
+        if n.startswith("fc1"):
+            np.testing.assert_array_equal(p.data, before[n])
+            assert p.grad is None
+        else:
+            np.testing.assert_allclose(p.data, before[n] - 0.1 * grads[n], rtol=1e-6, atol=1e-7)
+    assert state.step == 1 and opt.get_learning_rate() == pytest.approx(0.1)
+
+
+def test_batchnorm_running_stats_update_in_training_and_drive_eval(tmp_path, rng):
+    generate_artifacts(models.conv_bn(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path, additional_output_names=["output"])
+    state, module = load(tmp_path)
+    assert sorted(state._buffers) == ["bn.running_mean", "bn.running_var"]
+    x = (rng.standard_normal((6, 2, 6, 6)) * 2 + 1).astype(np.float32)
+    y = rng.integers(0, 3, 6).astype(np.int64)
+    module(x, y)
+    mean = state._buffers["bn.running_mean"].copy()
+    assert np.abs(mean).max() > 1e-3, "running mean was not updated"
+    # the update is momentum * old + (1 - momentum) * batch mean of the conv output
+    conv = ReferenceEvaluator(onnx.helper.make_model(onnx.helper.make_graph(
+        [onnx.helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])], "c",
+        [onnx.helper.make_tensor_value_info("x", 1, None), onnx.helper.make_tensor_value_info("w", 1, None)],
+        [onnx.helper.make_tensor_value_info("c", 1, None)]), opset_imports=[onnx.helper.make_opsetid("", 17)]))
+    c = conv.run(None, {"x": x, "w": state.parameters["conv.weight"].data})[0]
+    np.testing.assert_allclose(mean, 0.1 * c.mean(axis=(0, 2, 3)), rtol=1e-4, atol=1e-6)
+    # eval mode uses the running statistics: changing them changes the eval output
+    module.eval()
+    _, out1 = module(x, y)
+    state._buffers["bn.running_mean"][...] += 1.0
+    _, out2 = module(x, y)
+    assert np.abs(out1 - out2).max() > 1e-3
+
+
+def test_export_for_inference_matches_eval(tmp_path, rng):
+    generate_artifacts(models.conv_bn(dropout=True), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path, additional_output_names=["output"])
+    state, module = load(tmp_path)
+    opt = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    x = rng.standard_normal((4, 2, 6, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 4).astype(np.int64)
+    for _ in range(3):
+        module(x, y)
+        opt.step()
+        module.lazy_reset_grad()
+    module.eval()
+    _, expected = module(x, y)
+    module.export_model_for_inferencing(tmp_path / "inference.onnx", ["output"])
+    exported = onnx.load(tmp_path / "inference.onnx")
+    onnx.checker.check_model(exported, full_check=True)
+    assert [i.name for i in exported.graph.input] == ["input"]
+    assert [o.name for o in exported.graph.output] == ["output"]
+    assert {n.op_type for n in exported.graph.node}.isdisjoint({"SoftmaxCrossEntropyLoss"})
+    assert all(not any(a.name == "training_mode" and a.i for a in n.attribute) for n in exported.graph.node)
+    assert {i.name for i in exported.graph.initializer} >= {"conv.weight", "fc.weight", "bn.running_mean"}
+    session = ort.InferenceSession(str(tmp_path / "inference.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"input": x})[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_reference_backend_agrees_with_onnxruntime(mlp_dir, rng):
+    x, y = batch(rng)
+    results = []
+    for device in ("cpu", "reference"):
+        state, module = load(mlp_dir, device=device)
+        opt = Optimizer(mlp_dir / "optimizer_model.onnx", module)
+        losses = []
+        for _ in range(5):
+            losses.append(float(module(x, y)[0]))
+            opt.step()
+            module.lazy_reset_grad()
+        results.append((losses, state.parameters["fc1.weight"].data))
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5)
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-4, atol=1e-6)
+
+
+def test_nonfinite_loss_skips_the_update(mlp_dir, rng):
+    state, module = load(mlp_dir)
+    opt = Optimizer(mlp_dir / "optimizer_model.onnx", module)
+    x, y = batch(rng)
+    x[0, 0] = np.nan
+    before = state.parameters["fc1.weight"].data
+    with pytest.warns(RuntimeWarning, match="not finite"):
+        module(x, y)
+    with pytest.warns(RuntimeWarning, match="skipped"):
+        opt.step()
+    np.testing.assert_array_equal(state.parameters["fc1.weight"].data, before)
+    assert opt.skipped_steps == 1 and state.step == 0
+    module.lazy_reset_grad()
+    module(*batch(rng))  # a good batch afterwards trains normally
+    opt.step()
+    assert np.isfinite(state.parameters["fc1.weight"].data).all() and state.step == 1
+
+
+def test_nonfinite_loss_can_raise(mlp_dir, rng):
+    state = CheckpointState.load_checkpoint(mlp_dir / "checkpoint")
+    module = Module(mlp_dir / "training_model.onnx", state, on_nonfinite="raise")
+    x, y = batch(rng)
+    x[:] = np.inf
+    with pytest.raises(NonFiniteError, match="not finite"):
+        module(x, y)
+
+
+def test_contiguous_parameters_round_trip(mlp_dir):
+    state, module = load(mlp_dir)
+    flat = module.get_contiguous_parameters(trainable_only=True).numpy()
+    assert flat.size == module.get_parameters_size() == 8 * 16 + 16 + 16 * 4 + 4
+    module.copy_buffer_to_parameters(ort.OrtValue.ortvalue_from_numpy(np.arange(flat.size, dtype=np.float32)))
+    np.testing.assert_array_equal(state.parameters["fc1.weight"].data.ravel(), np.arange(128, dtype=np.float32))
+    with pytest.raises(ValueError, match="flat buffer of 212 elements"):
+        module.copy_buffer_to_parameters(np.zeros(3, np.float32))
+
+
+def test_parameters_and_properties(mlp_dir):
+    state, _ = load(mlp_dir)
+    p = state.parameters["fc1.weight"]
+    assert repr(p) == "Parameter(name='fc1.weight', shape=(16, 8), dtype=float32, requires_grad=True)"
+    state.parameters["fc1.bias"] = np.ones(16, np.float32)
+    np.testing.assert_array_equal(state.parameters["fc1.bias"].data, np.ones(16))
+    with pytest.raises(ValueError, match="shape"):
+        state.parameters["fc1.bias"] = np.ones(3, np.float32)
+    with pytest.raises(KeyError, match="no parameter named 'nope'"):
+        state.parameters["nope"]
+    state.properties["epoch"] = 3
+    state.properties["name"] = "user-1"
+    state.properties["lr"] = 0.5
+    with pytest.raises(TypeError):
+        state.properties["bad"] = [1]
+    assert dict(state.properties) == {"epoch": 3, "name": "user-1", "lr": 0.5}
