@@ -82,11 +82,11 @@ def load_checkpoint(path: str | os.PathLike[str]) -> CheckpointData:
         raise CheckpointError(f"{where} is a directory, not a checkpoint file") from None
     except OSError as exc:
         raise CheckpointError(f"{where} could not be read: {exc.strerror or exc}") from None
-    if meta.nominal:
-        return CheckpointData(trainable={}, step=meta.step, properties=meta.properties, nominal=True, specs=meta.specs)
-    ordered = {key: arrays[key] for key in meta.specs}
+    ordered = {} if meta.nominal else {key: arrays[key] for key in meta.specs}
     if tensors_sha256(ordered.values()) != meta.tensors_sha256:
         raise CheckpointError(f"{where} is corrupt or was altered: checksum mismatch in the tensor data")
+    if meta.nominal:
+        return CheckpointData(trainable={}, step=meta.step, properties=meta.properties, nominal=True, specs=meta.specs)
     return CheckpointData.from_tensors(ordered, step=meta.step, properties=meta.properties)
 
 

@@ -71,7 +71,7 @@ def read_header(file: BinaryIO, file_size: int, where: str) -> Header:
         raise CheckpointError(f"{where} is not a safetensors file: only {file_size} bytes, "
                               "shorter than the 8-byte header length")
     length = int.from_bytes(_read_exact(file, 8, where), "little")
-    if False:
+    if length > MAX_HEADER_BYTES:
         raise CheckpointError(f"{where} is not a safetensors file: header length {length} is absurd "
                               f"(limit {MAX_HEADER_BYTES} bytes)")
     if length > file_size - 8:
@@ -101,7 +101,7 @@ def read_tensors(file: BinaryIO, header: Header, where: str) -> dict[str, np.nda
         try:
             array = np.empty(entry.shape, entry.dtype)
         except ValueError as exc:  # e.g. a dimension past numpy's limits in a zero-size tensor
-            raise CheckpointError(f"{where}: tensor {name!r} has shape {list(entry.shape)} "
+            raise CheckpointError(f"{where}: tensor {_short(name)} has shape {list(entry.shape)} "
                                   f"that numpy cannot hold ({exc})") from None
         _read_into(file, array.reshape(-1).view(np.uint8), where)
         arrays[name] = array
@@ -110,22 +110,22 @@ def read_tensors(file: BinaryIO, header: Header, where: str) -> dict[str, np.nda
 
 def _entry(name: str, info: object, data_size: int, where: str) -> TensorEntry:
     def bad(what: str) -> CheckpointError:
-        return CheckpointError(f"{where} has a malformed safetensors header: tensor {name!r} {what}")
+        return CheckpointError(f"{where} has a malformed safetensors header: tensor {_short(name)} {what}")
 
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
         raise bad("must be an object with dtype, shape and data_offsets")
     code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
     dtype = dtype_from_code(code)
     if dtype is None:
-        raise bad(f"has unsupported dtype {code!r}; expected one of {_SUPPORTED_CODES}")
+        raise bad(f"has unsupported dtype {_short(code)}; expected one of {_SUPPORTED_CODES}")
     if not (isinstance(shape, list) and len(shape) <= _MAX_RANK and all(_is_count(d) for d in shape)):
-        raise bad(f"has shape {shape!r}; expected a list of at most {_MAX_RANK} non-negative ints")
+        raise bad(f"has shape {_short(shape)}; expected a list of at most {_MAX_RANK} non-negative ints")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
-        raise bad(f"has data_offsets {offsets!r}; expected [begin, end] with non-negative ints")
+        raise bad(f"has data_offsets {_short(offsets)}; expected [begin, end] with non-negative ints")
     begin, end = offsets
     if not begin <= end <= data_size:
-        raise CheckpointError(f"{where} is truncated or corrupt: tensor {name!r} has data offsets [{begin}, {end}] "
-                              f"outside the {data_size}-byte data section")
+        raise CheckpointError(f"{where} is truncated or corrupt: tensor {_short(name)} has data offsets "
+                              f"[{begin}, {end}] outside the {data_size}-byte data section")
     nbytes = math.prod(shape) * dtype.itemsize
     if end - begin != nbytes:
         raise bad(f"of {code}{shape} needs {nbytes} bytes, but its data offsets span {end - begin}")
@@ -138,11 +138,17 @@ def _check_tiling(tensors: dict[str, TensorEntry], data_size: int, where: str) -
     for name, entry in sorted(tensors.items(), key=lambda item: (item[1].begin, item[1].end)):
         if entry.begin != position:
             problem = "overlaps the previous tensor" if entry.begin < position else "leaves a gap before it"
-            raise CheckpointError(f"{where} is corrupt: tensor {name!r} at byte {entry.begin} of the data {problem} "
-                                  f"(expected it at byte {position})")
+            raise CheckpointError(f"{where} is corrupt: tensor {_short(name)} at byte {entry.begin} of the data "
+                                  f"{problem} (expected it at byte {position})")
         position = entry.end
     if position != data_size:
         raise CheckpointError(f"{where} is corrupt: {data_size - position} bytes follow the last tensor's data")
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters: a hostile header must not make a megabyte message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _is_count(value: object) -> bool:
