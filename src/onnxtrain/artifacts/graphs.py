@@ -91,7 +91,14 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     # Loss nodes, built by the block into the graph.
     taken = used_names(fwd)
     lb = GraphBuilder(model_opset(model), taken=taken)
-    bctx = BuildContext(lb, dict(infos))
+    def reinfer(ctx: BuildContext) -> dict[str, TensorInfo]:
+        partial = copy.deepcopy(fwd)
+        partial.node.extend(ctx.builder.nodes)
+        partial.input.extend(ctx.new_inputs)
+        partial.initializer.extend(ctx.builder.initializers)
+        return infer_tensor_info(_model(model, partial, {}))
+
+    bctx = BuildContext(lb, dict(infos), reinfer=reinfer)
     with building(bctx):
         loss_out = loss(*loss_inputs)
     if not isinstance(loss_out, str):

@@ -7,7 +7,7 @@ loss, asks each op's rule for its input gradients and sums the contributions of 
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -18,25 +18,44 @@ from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.types import TensorInfo, np_dtype
 
-__all__ = ["build_gradients"]
+__all__ = ["build_gradients", "vjp", "node_inputs", "implicit_inputs"]
+
+
+def implicit_inputs(node: onnx.NodeProto) -> list[str]:
+    """Outer-scope values the node's subgraphs (If/Loop/Scan bodies) read, in first-use order."""
+    captured: list[str] = []
+    for attr in node.attribute:
+        for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+            defined = {v.name for v in g.input} | {i.name for i in g.initializer}
+            for n in g.node:
+                for x in [*n.input, *implicit_inputs(n)]:
+                    if x and x not in defined and x not in captured:
+                        captured.append(x)
+                defined.update(n.output)
+    return captured
+
+
+def node_inputs(node: onnx.NodeProto) -> list[str]:
+    """The node's inputs followed by its implicit inputs: a rule returns one gradient for each."""
+    return [*node.input, *implicit_inputs(node)] if node.attribute else list(node.input)
 
 
 def _forward_reachable(nodes: Sequence[onnx.NodeProto], sources: set[str]) -> tuple[set[str], set[int]]:
     values, reached = set(sources), set()
     for i, n in enumerate(nodes):
-        if any(x in values for x in n.input if x):
+        if any(x in values for x in node_inputs(n) if x):
             reached.add(i)
             values.update(o for o in n.output if o)
     return values, reached
 
 
-def _backward_reachable(nodes: Sequence[onnx.NodeProto], target: str) -> set[int]:
-    needed, reached = {target}, set()
+def _backward_reachable(nodes: Sequence[onnx.NodeProto], targets: Iterable[str]) -> set[int]:
+    needed, reached = set(targets), set()
     for i in range(len(nodes) - 1, -1, -1):
         n = nodes[i]
         if any(o in needed for o in n.output if o):
             reached.add(i)
-            needed.update(x for x in n.input if x)
+            needed.update(x for x in node_inputs(n) if x)
     return reached
 
 
@@ -47,12 +66,12 @@ def _path_to(nodes: Sequence[onnx.NodeProto], params: Sequence[str], node_index:
     parent: dict[int, int | str] = {}
     while frontier:
         i = frontier.popleft()
-        for x in nodes[i].input:
+        for x in node_inputs(nodes[i]):
             if x in params:
                 chain = [x]
                 j: int | str = i
                 while isinstance(j, int):
-                    chain.append(f"{nodes[j].op_type}({nodes[j].name or '?'})")
+                    chain.append(f"{nodes[j].op_type}({nodes[j].name or nodes[j].output[0]})")
                     j = parent.get(j, "")
                 return " -> ".join(chain)
             p = producer.get(x)
@@ -61,6 +80,12 @@ def _path_to(nodes: Sequence[onnx.NodeProto], params: Sequence[str], node_index:
                 parent[p] = i
                 frontier.append(p)
     return "?"
+
+
+def _may_be_float(infos: dict[str, TensorInfo], name: str) -> bool:
+    """Integer and boolean values (indices, shapes, masks) never carry a gradient."""
+    info = infos.get(name)
+    return info is None or info.is_float or info.elem_type == onnx.TensorProto.UNDEFINED
 
 
 def build_gradients(nodes: list[onnx.NodeProto], loss: str, params: Sequence[str], builder: GraphBuilder,
@@ -81,20 +106,31 @@ def build_gradients(nodes: list[onnx.NodeProto], loss: str, params: Sequence[str
     Returns:
         param name -> gradient name, or None for a parameter the loss does not depend on.
     """
-    constants = constants or {}
-    param_set = set(params)
-    _, forward = _forward_reachable(nodes, param_set)
-    backward = _backward_reachable(nodes, loss)
-    differentiable_values, _ = _forward_reachable([nodes[i] for i in sorted(forward & backward)], param_set)
-
-    contributions: dict[str, list[str]] = defaultdict(list)
     if seed is None:
         loss_info = infos.get(loss)
         if loss_info is not None and loss_info.rank == 0:
             seed = builder.const(np.ones((), dtype=np_dtype(loss_info.elem_type)), name="loss_grad_seed")
         else:
             seed = builder.ones_like(loss, loss_info.elem_type if loss_info else onnx.TensorProto.FLOAT)
-    contributions[loss].append(seed)
+    return vjp(nodes, {loss: seed}, params, builder, infos, constants)
+
+
+def vjp(nodes: list[onnx.NodeProto], seeds: Mapping[str, str], params: Sequence[str], builder: GraphBuilder,
+        infos: dict[str, TensorInfo], constants: dict[str, np.ndarray] | None = None) -> dict[str, str | None]:
+    """The vector-Jacobian product: append the nodes computing sum_k seeds[y_k] . d(y_k)/d(param) for each param.
+
+    ``seeds`` maps values of ``nodes`` to the names of their gradients; :func:`build_gradients` is the case of
+    one loss. Rules use this to differentiate a small graph of their own (a function body, an If branch).
+    """
+    constants = constants or {}
+    param_set = set(params)
+    _, forward = _forward_reachable(nodes, param_set)
+    backward = _backward_reachable(nodes, seeds)
+    differentiable_values, _ = _forward_reachable([nodes[i] for i in sorted(forward & backward)], param_set)
+
+    contributions: dict[str, list[str]] = defaultdict(list)
+    for name, g in seeds.items():
+        contributions[name].append(g)
 
     def gradient_of(name: str) -> str | None:
         parts = contributions.get(name)
@@ -109,18 +145,23 @@ def build_gradients(nodes: list[onnx.NodeProto], loss: str, params: Sequence[str
         dy = [gradient_of(o) if o else None for o in node.output]
         if all(g is None for g in dy):
             continue
-        rule = GRADIENT_RULES.get(node.op_type)
-        if rule is None or node.domain not in ("", "ai.onnx"):
+        rule = GRADIENT_RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if rule is None and node.domain in ("", "ai.onnx"):
+            from onnxtrain.autodiff.function_body import function_body_rule  # the fallback differentiates via vjp
+
+            rule = function_body_rule(node, builder.opset)
+        if rule is None:
             raise UnsupportedOpError(
                 f"no gradient rule for op {node.op_type!r} (domain {node.domain or 'ai.onnx'!r}) at node "
-                f"{node.name!r}, on the path {_path_to(nodes, params, i)} -> loss. Freeze the parameters "
-                f"before it (frozen_params or trainable_ops) or register a rule with "
-                f"onnxtrain.autodiff.register({node.op_type!r})")
+                f"{node.name!r}, on the path {_path_to(nodes, params, i)} -> loss, and the ONNX spec defines no "
+                f"function body for it at opset {builder.opset}. Freeze the parameters before it (frozen_params "
+                f"or trainable_ops) or register a rule with onnxtrain.autodiff.register({node.op_type!r})")
         ctx = GradContext(node, dy, builder, infos, constants)
+        inputs = node_inputs(node)
         dxs = list(rule(ctx))
-        if len(dxs) < len(node.input):
-            dxs += [None] * (len(node.input) - len(dxs))
-        for x, dx in zip(node.input, dxs):
-            if dx is not None and x and x in differentiable_values:
+        if len(dxs) < len(inputs):
+            dxs += [None] * (len(inputs) - len(dxs))
+        for x, dx in zip(inputs, dxs):
+            if dx is not None and x and x in differentiable_values and _may_be_float(infos, x):
                 contributions[x].append(dx)
     return {p: gradient_of(p) for p in params}

@@ -15,7 +15,7 @@ Blocks compose by calling each other, so a custom loss is a few lines::
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import onnx
@@ -34,6 +34,8 @@ class BuildContext:
     builder: GraphBuilder
     infos: dict[str, TensorInfo]
     new_inputs: list[onnx.ValueInfoProto] = field(default_factory=list)
+    # Re-runs shape inference over the graph plus the nodes built so far (types of block-made values).
+    reinfer: Callable[[BuildContext], dict[str, TensorInfo]] | None = None
 
     def require_input(self, name: str, elem_type: int, shape: Sequence | None) -> str:
         """Return ``name``; declare it as a new graph input (labels, targets) unless the graph has it."""
@@ -46,6 +48,9 @@ class BuildContext:
 
     def info(self, name: str) -> TensorInfo:
         info = self.infos.get(name)
+        if info is None and self.reinfer is not None:
+            self.infos.update(self.reinfer(self))
+            info = self.infos.get(name)
         if info is None:
             raise ValueError(f"unknown value {name!r}: it is neither an output of the model nor a value a block "
                              f"created (known outputs include {sorted(self.infos)[:8]}...)")

@@ -16,7 +16,17 @@ from onnxtrain.runtime.inputs import check_inputs
 from onnxtrain.runtime.state import CheckpointState
 from onnxtrain.runtime.variants import specialize_accumulation
 
-__all__ = ["Module", "load_model", "training_metadata"]
+__all__ = ["Module", "load_model", "training_metadata", "owned_ortvalue"]
+
+
+def owned_ortvalue(array: np.ndarray):
+    """An OrtValue holding its own copy of ``array`` (``ortvalue_from_numpy`` borrows the numpy memory)."""
+    import onnxruntime as ort
+
+    array = np.ascontiguousarray(array)
+    value = ort.OrtValue.ortvalue_from_shape_and_type(array.shape, array.dtype, "cpu")
+    value.update_inplace(array)
+    return value
 
 
 def load_model(uri: str | os.PathLike | bytes | onnx.ModelProto, what: str) -> onnx.ModelProto:
@@ -128,9 +138,7 @@ class Module:
         arrays = [v.numpy() if type(v).__name__ == "OrtValue" else v for v in user_inputs]
         outputs = self._train_step(arrays) if self.training else self._eval_step(arrays)
         if ort_values:
-            import onnxruntime as ort
-
-            outputs = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(o)) for o in outputs]
+            outputs = [owned_ortvalue(o) for o in outputs]
         return outputs[0] if len(outputs) == 1 else outputs
 
     def _state_feeds(self) -> dict[str, np.ndarray]:
@@ -188,13 +196,11 @@ class Module:
 
     def get_contiguous_parameters(self, trainable_only: bool = False):
         """All parameters (trainable, then frozen unless ``trainable_only``) as one flat OrtValue."""
-        import onnxruntime as ort
-
         st = self._state
-        flat = st._params.current.copy()
+        flat = st._params.current
         if not trainable_only and st._frozen:
             flat = np.concatenate([flat, *(a.ravel() for a in st._frozen.values())])
-        return ort.OrtValue.ortvalue_from_numpy(flat)
+        return owned_ortvalue(flat)
 
     def copy_buffer_to_parameters(self, buffer, trainable_only: bool = True) -> None:
         """Set the parameters from one flat buffer (numpy array or OrtValue), in get_contiguous_parameters order."""

@@ -76,6 +76,18 @@ class Mean(OpRun):
         return ((sum(args[1:], args[0]) / len(args)).astype(args[0].dtype),)
 
 
+class LRN(OpRun):
+    """onnx.reference loops over the batch axis instead of the channels (and accepts only 4-D input)."""
+
+    op_domain = ""
+
+    def _run(self, x, alpha=1e-4, beta=0.75, bias=1.0, size=None):
+        lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+        square = x ** 2
+        square_sum = np.stack([square[:, max(0, c - lo):c + hi + 1].sum(axis=1) for c in range(x.shape[1])], axis=1)
+        return ((x / (bias + alpha / size * square_sum) ** beta).astype(x.dtype),)
+
+
 class LpNormalization(OpRun):
     """onnx.reference sums x^p instead of |x|^p, so p=1 (and any odd p) gives a wrong norm."""
 
@@ -131,4 +143,4 @@ class GridSample(_GridSample):
                         dtype=np.float64)
 
 
-PATCHED_OPS = [ConvTranspose, Erf, Gelu, GlobalLpPool, GridSample, LpNormalization, Mean, Pad]
+PATCHED_OPS = [ConvTranspose, Erf, Gelu, GlobalLpPool, GridSample, LRN, LpNormalization, Mean, Pad]

@@ -1,0 +1,248 @@
+"""generate_artifacts: files, plain ONNX, parameter roles, losses, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx.reference import ReferenceEvaluator
+
+from onnxtrain import blocks
+from onnxtrain import conventions as names
+from onnxtrain.api import CheckpointState, Module, Optimizer
+from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
+from onnxtrain.checkpoint import load_checkpoint
+from onnxtrain.runtime.backends.reference_ops import PATCHED_OPS
+from tests import models
+
+ARTIFACTS = ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx")
+
+
+def test_writes_the_four_artifacts_with_prefix(tmp_path):
+    paths = generate_artifacts(models.mlp(), loss=LossType.MSELoss, optimizer=OptimType.AdamW,
+                               artifact_directory=tmp_path, prefix="user_")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["user_checkpoint", *(f"user_{a}" for a in ARTIFACTS)])
+    assert set(paths) == {"training", "eval", "optimizer", "checkpoint"}
+
+
+@pytest.mark.parametrize("model", ["mlp", "conv_bn", "conv_bn_dropout"])
+def test_every_artifact_is_plain_onnx_and_runs_on_both_engines(model, tmp_path):
+    forward = {"mlp": models.mlp, "conv_bn": models.conv_bn,
+               "conv_bn_dropout": lambda: models.conv_bn(dropout=True)}[model]()
+    generate_artifacts(forward, loss=LossType.CrossEntropyLoss, optimizer=blocks.AdamW(max_norm=1.0),
+                       artifact_directory=tmp_path)
+    data = load_checkpoint(tmp_path / "checkpoint")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 8) if model == "mlp" else (3, 2, 6, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 3).astype(np.int64)
+    state = {**data.trainable, **data.frozen, **data.buffers}
+    for file in ARTIFACTS:
+        proto = onnx.load(tmp_path / file)
+        onnx.checker.check_model(proto, full_check=True)
+        assert {op.domain for op in proto.opset_import} <= {"", "ai.onnx"}, file
+        foreign = [n.op_type for n in proto.graph.node if n.domain not in ("", "ai.onnx")]
+        assert not foreign, f"{file} uses non-default domains: {foreign}"
+        assert proto.ir_version <= 10 and proto.opset_import[0].version >= 17
+        feeds = {}
+        for i in proto.graph.input:
+            if i.name in state:
+                feeds[i.name] = state[i.name]
+            elif i.name.endswith("_grad.accumulation.buffer"):
+                feeds[i.name] = np.zeros_like(data.trainable[i.name[:-len("_grad.accumulation.buffer")]])
+            elif i.name == names.LAZY_RESET_GRAD:
+                feeds[i.name] = np.array(True)
+            elif i.name == names.LEARNING_RATE:
+                feeds[i.name] = np.array(1e-3, np.float32)
+            elif i.name == names.STEP:
+                feeds[i.name] = np.array(1, np.int64)
+            elif file == "optimizer_model.onnx":
+                feeds[i.name] = rng.standard_normal(i.type.tensor_type.shape.dim[0].dim_value).astype(np.float32)
+            else:
+                feeds[i.name] = x if i.name == "input" else y
+        ort_out = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        ref_out = ReferenceEvaluator(proto, new_ops=PATCHED_OPS).run(None, feeds)
+        if "dropout" in model and file == "training_model.onnx":
+            continue  # random masks differ between engines
+        for a, b in zip(ort_out, ref_out):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def _run_loss(folder, x, y):
+    state = CheckpointState.load_checkpoint(folder / "checkpoint")
+    module = Module(folder / "training_model.onnx", state)
+    loss = module(x, y)
+    return float(loss), state
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("loss", ["mse", "l1", "huber", "bce", "ce", "ce_weighted_ignore", "nll"])
+def test_losses_match_torch(loss, reduction, tmp_path):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(0)
+    forward = models.mlp(classes=4)
+    x = rng.standard_normal((6, 8)).astype(np.float32)
+    if loss in ("ce", "ce_weighted_ignore", "nll"):
+        y = np.array([0, 3, 1, 2, 3, 1], np.int64)
+    else:
+        y = rng.standard_normal((6, 4)).astype(np.float32)
+        if loss == "bce":
+            y = (y > 0).astype(np.float32)
+    weight = np.array([0.5, 1.0, 2.0, 1.5], np.float32)
+    block, torch_loss = {
+        "mse": (blocks.MSELoss(reduction), lambda o, t: F.mse_loss(o, t, reduction=reduction)),
+        "l1": (blocks.L1Loss(reduction), lambda o, t: F.l1_loss(o, t, reduction=reduction)),
+        "huber": (blocks.HuberLoss(reduction, delta=0.5), lambda o, t: F.huber_loss(o, t, reduction=reduction,
+                                                                                    delta=0.5)),
+        "bce": (blocks.BCEWithLogitsLoss(reduction=reduction, pos_weight=[2.0, 1.0, 0.5, 1.0]),
+                lambda o, t: F.binary_cross_entropy_with_logits(o, t, reduction=reduction,
+                                                                pos_weight=torch.tensor([2.0, 1.0, 0.5, 1.0]))),
+        "ce": (blocks.CrossEntropyLoss(reduction=reduction), lambda o, t: F.cross_entropy(o, t, reduction=reduction)),
+        "ce_weighted_ignore": (blocks.CrossEntropyLoss(weight, reduction=reduction, ignore_index=3),
+                               lambda o, t: F.cross_entropy(o, t, torch.from_numpy(weight), reduction=reduction,
+                                                            ignore_index=3)),
+        "nll": (blocks.NLLLoss(reduction=reduction), lambda o, t: F.nll_loss(o, t, reduction=reduction)),
+    }[loss]
+    generate_artifacts(forward, loss=block, optimizer=OptimType.SGD, artifact_directory=tmp_path)
+    ours, state = _run_loss(tmp_path, x, y)
+
+    params = {n: torch.tensor(state.parameters[n].data, requires_grad=True) for n in state.parameters}
+    out = F.linear(F.relu(F.linear(torch.from_numpy(x), params["fc1.weight"], params["fc1.bias"])),
+                   params["fc2.weight"], params["fc2.bias"])
+    ref = torch_loss(out, torch.from_numpy(y))
+    ref.backward()
+    assert ours == pytest.approx(ref.item(), rel=1e-5)
+    for n, p in params.items():
+        np.testing.assert_allclose(state.parameters[n].grad, p.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_custom_loss_block(tmp_path):
+    """A loss composed from blocks in a few lines: 0.5 * MSE + 0.1 * L1."""
+
+    class Mixed(blocks.Block):
+        def __init__(self):
+            super().__init__()
+            self.mse, self.l1 = blocks.MSELoss(), blocks.L1Loss()
+
+        def build(self, output):
+            return blocks.Add()(blocks.Mul(0.5)(self.mse(output, "target")), blocks.Mul(0.1)(self.l1(output, "target")))
+
+    generate_artifacts(models.mlp(), loss=Mixed(), optimizer=OptimType.AdamW, artifact_directory=tmp_path)
+    rng = np.random.default_rng(1)
+    x, t = rng.standard_normal((4, 8)).astype(np.float32), rng.standard_normal((4, 4)).astype(np.float32)
+    ours, state = _run_loss(tmp_path, x, t)
+    module = Module(tmp_path / "training_model.onnx", state, tmp_path / "eval_model.onnx")
+    assert module.input_names() == ["input", "target"]
+    h = np.maximum(x @ state.parameters["fc1.weight"].data.T + state.parameters["fc1.bias"].data, 0)
+    out = h @ state.parameters["fc2.weight"].data.T + state.parameters["fc2.bias"].data
+    expected = 0.5 * np.mean((out - t) ** 2) + 0.1 * np.mean(np.abs(out - t))
+    assert ours == pytest.approx(expected, rel=1e-5)
+
+
+def test_trainable_ops_trains_only_the_last_nodes(tmp_path):
+    generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD,
+                       artifact_directory=tmp_path, trainable_ops=1)
+    data = load_checkpoint(tmp_path / "checkpoint")
+    assert list(data.trainable) == ["fc2.weight", "fc2.bias"]
+    assert sorted(data.frozen) == ["fc1.bias", "fc1.weight"]
+    generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD,
+                       artifact_directory=tmp_path / "none", trainable_ops=0)
+    assert not load_checkpoint(tmp_path / "none" / "checkpoint").trainable
+
+
+def test_batchnorm_statistics_become_buffers(tmp_path):
+    generate_artifacts(models.conv_bn(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD,
+                       artifact_directory=tmp_path)
+    data = load_checkpoint(tmp_path / "checkpoint")
+    assert sorted(data.buffers) == ["bn.running_mean", "bn.running_var"]
+    assert "bn.running_mean" not in data.trainable
+    outputs = [o.name for o in onnx.load(tmp_path / "training_model.onnx").graph.output]
+    assert names.buffer_output_name("bn.running_mean") in outputs
+
+
+def test_nominal_checkpoint_has_no_data_but_loads(tmp_path, rng):
+    generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path, nominal_checkpoint=True)
+    full = tmp_path / "full"
+    generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=full)
+    assert (tmp_path / "checkpoint").stat().st_size < (full / "checkpoint").stat().st_size / 2
+    data = load_checkpoint(tmp_path / "checkpoint")
+    assert data.nominal and set(data.specs) >= {"trainable/fc1.weight"}
+    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    module = Module(tmp_path / "training_model.onnx", state)
+    assert module.get_parameters_size() == 212
+    module.copy_buffer_to_parameters(Module(full / "training_model.onnx", CheckpointState.load_checkpoint(
+        full / "checkpoint")).get_contiguous_parameters(trainable_only=True))
+    assert np.isfinite(float(module(rng.standard_normal((2, 8)).astype(np.float32), np.array([0, 1]))))
+
+
+def test_model_with_external_data_from_a_path(tmp_path, rng):
+    model = models.mlp(features=64, hidden=64)
+    expected = onnx.numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "fc1.weight"))
+    onnx.save_model(model, tmp_path / "model.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=0)
+    assert (tmp_path / "model.onnx.data").stat().st_size > 64 * 64 * 4
+    generate_artifacts(tmp_path / "model.onnx", loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path / "out")
+    data = load_checkpoint(tmp_path / "out" / "checkpoint")
+    np.testing.assert_array_equal(data.trainable["fc1.weight"], expected)
+
+
+def test_optimizer_graph_with_gradient_clipping(tmp_path):
+    generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=blocks.SGD(max_norm=0.5),
+                       artifact_directory=tmp_path)
+    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    module = Module(tmp_path / "training_model.onnx", state)
+    opt = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    opt.set_learning_rate(1.0)
+    rng = np.random.default_rng(0)
+    before = module.get_contiguous_parameters(trainable_only=True).numpy()
+    module(rng.standard_normal((4, 8)).astype(np.float32) * 50, np.array([0, 1, 2, 3]))
+    g = state._grads.current.copy()
+    assert np.linalg.norm(g) > 0.5
+    opt.step()
+    after = module.get_contiguous_parameters(trainable_only=True).numpy()
+    np.testing.assert_allclose(np.linalg.norm(before - after), 0.5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(requires_grad=["nope"]), ValueError, r"requires_grad: 'nope' is not an initializer"),
+    (dict(frozen_params=["fc9.*"]), ValueError, r"frozen_params: 'fc9.\*' is not an initializer"),
+    (dict(requires_grad=["fc1.weight"], frozen_params=["fc1.weight"]), ValueError,
+     r"'fc1.weight' is listed both in requires_grad and in frozen_params"),
+    (dict(loss_input_names=["logits"]), ValueError, r"'logits' is not a value of the model"),
+    (dict(loss=None), ValueError, r"loss is required"),
+    (dict(loss="mse"), TypeError, r"loss must be a LossType or an onnxtrain.blocks.Block"),
+    (dict(optimizer="adam"), TypeError, r"optimizer must be an OptimType"),
+    (dict(custom_op_library="libx.so"), ValueError, r"custom_op_library is not supported"),
+    (dict(requires_grad="fc1.weight"), TypeError, r"must be a list of names"),
+])
+def test_bad_arguments_name_the_culprit(kwargs, error, message, tmp_path):
+    args = dict(loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW, artifact_directory=tmp_path)
+    args.update(kwargs)
+    with pytest.raises(error, match=message):
+        generate_artifacts(models.mlp(), **args)
+
+
+def test_not_an_onnx_model(tmp_path):
+    (tmp_path / "junk.onnx").write_bytes(b"this is not a protobuf at all \x00\xff")
+    with pytest.raises(ValueError, match="junk.onnx is not"):
+        generate_artifacts(tmp_path / "junk.onnx", loss=LossType.MSELoss, artifact_directory=tmp_path)
+    with pytest.raises(FileNotFoundError, match="model file not found"):
+        generate_artifacts(tmp_path / "missing.onnx", loss=LossType.MSELoss, artifact_directory=tmp_path)
+    with pytest.raises(TypeError, match="model must be an onnx.ModelProto or a path"):
+        generate_artifacts(42, loss=LossType.MSELoss, artifact_directory=tmp_path)
+
+
+def test_unsupported_op_names_op_node_and_path(tmp_path, monkeypatch):
+    from onnxtrain.autodiff import GRADIENT_RULES
+    from onnxtrain.errors import UnsupportedOpError
+
+    monkeypatch.delitem(GRADIENT_RULES, "Relu")  # stands for any op without a rule
+    model = models.mlp()
+    model.graph.node[1].name = "my_relu"
+    with pytest.raises(UnsupportedOpError, match=r"'Relu'.*'my_relu'.*fc1\.weight -> Gemm\(\?\) -> Relu"):
+        generate_artifacts(model, loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path)
