@@ -1,0 +1,107 @@
+"""A device's side of a round, without Flower: open the artifacts, train E epochs, evaluate.
+
+The server uses the same code to write and evaluate the global model.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxtrain.api import CheckpointState, Module, Optimizer
+from onnxtrain.federated.spec import ParamSpec
+
+__all__ = ["ARTIFACT_FILES", "artifact_paths", "LocalModel", "Evaluation"]
+
+ARTIFACT_FILES = {"training": "training_model.onnx", "eval": "eval_model.onnx", "optimizer": "optimizer_model.onnx",
+                  "checkpoint": "checkpoint"}
+
+
+def artifact_paths(artifacts_dir: str | os.PathLike | None, need_optimizer: bool = True) -> dict[str, str]:
+    """The paths of the artifacts written by generate_artifacts into ``artifacts_dir``; missing ones are an error."""
+    if not artifacts_dir:
+        raise ValueError("no artifacts directory: set 'artifacts-dir' in the run config or node config "
+                         "(or pass artifacts_dir=... to the settings)")
+    paths = {kind: os.path.join(os.fspath(artifacts_dir), name) for kind, name in ARTIFACT_FILES.items()}
+    missing = [p for kind, p in paths.items() if not os.path.exists(p) and (need_optimizer or kind != "optimizer")]
+    if missing:
+        raise FileNotFoundError(f"artifacts missing in {os.fspath(artifacts_dir)!r}: {missing}; write them with "
+                                "onnxtrain.artifacts.generate_artifacts(..., artifact_directory=...)")
+    return paths
+
+
+@dataclass
+class Evaluation:
+    loss: float
+    accuracy: float | None   # None when the artifacts return no predictions after the loss
+    num_examples: int
+
+
+class LocalModel:
+    """The artifacts of one device (or of the server) opened on a fresh copy of the checkpoint.
+
+    Args:
+        artifacts_dir: the directory holding the four artifacts.
+        threads: onnxruntime intra-op threads (1 keeps several simulated clients from fighting over cores;
+            0 is onnxruntime's default, one per core).
+        train: open the training and optimizer graphs (the server only evaluates and exports).
+    """
+
+    def __init__(self, artifacts_dir: str | os.PathLike, threads: int = 1, train: bool = True):
+        import onnxruntime as ort
+
+        self.paths = artifact_paths(artifacts_dir, need_optimizer=train)
+        self.state = CheckpointState.load_checkpoint(self.paths["checkpoint"])
+        self.spec = ParamSpec.from_state(self.state)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        self.module = Module(self.paths["training"], self.state, self.paths["eval"], session_options=options)
+        self.optimizer = Optimizer(self.paths["optimizer"], self.module) if train else None
+
+    def fit(self, x: np.ndarray, y: np.ndarray, epochs: int, batch_size: int, learning_rate: float,
+            rng: np.random.Generator) -> float:
+        """Train ``epochs`` passes over shuffled mini-batches; return the mean training loss of the last epoch."""
+        if self.optimizer is None:
+            raise RuntimeError("this LocalModel was opened with train=False")
+        if len(x) == 0:
+            raise ValueError("no training examples on this device")
+        self.optimizer.set_learning_rate(learning_rate)
+        self.module.train()
+        total = 0.0
+        for _ in range(epochs):
+            order, total = rng.permutation(len(x)), 0.0
+            for start in range(0, len(x), batch_size):
+                batch = order[start:start + batch_size]
+                total += _loss(self.module(x[batch], y[batch])) * len(batch)
+                self.optimizer.step()
+                self.module.lazy_reset_grad()
+        return total / len(x)
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> Evaluation:
+        """Mean loss and, if the eval graph returns predictions after the loss, accuracy (argmax on axis 1)."""
+        if len(x) == 0:
+            raise ValueError("no evaluation examples")
+        self.module.eval()
+        loss, correct, has_predictions = 0.0, 0, False
+        for start in range(0, len(x), batch_size):
+            xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+            out = self.module(xb, yb)
+            loss += _loss(out) * len(xb)
+            if isinstance(out, list) and len(out) > 1 and out[1].ndim == 2 and out[1].shape[0] == len(xb):
+                has_predictions = True
+                correct += int(np.sum(np.argmax(out[1], axis=1) == yb))
+        return Evaluation(loss / len(x), correct / len(x) if has_predictions else None, len(x))
+
+    def save(self, directory: str | os.PathLike, model_name: str = "model.onnx") -> dict[str, str]:
+        """Write ``checkpoint`` and the inference model ``model_name`` into ``directory``, each atomically."""
+        os.makedirs(directory, exist_ok=True)
+        paths = {"checkpoint": os.path.join(directory, "checkpoint"), "model": os.path.join(directory, model_name)}
+        CheckpointState.save_checkpoint(self.state, paths["checkpoint"])
+        self.module.export_model_for_inferencing(paths["model"])
+        return paths
+
+
+def _loss(out) -> float:
+    return float(out[0] if isinstance(out, list) else out)

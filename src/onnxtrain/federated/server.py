@@ -1,0 +1,245 @@
+"""The Flower ServerApp: FedAvg from the checkpoint's parameters, with every update checked before it counts.
+
+After each round (and once before the first) the global model is written to the output directory:
+``checkpoint`` (loads with CheckpointState.load_checkpoint), ``model.onnx`` (the inference model) and a line
+of ``history.jsonl`` with the round's metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxtrain.federated._flower import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    FedAvg,
+    Grid,
+    Message,
+    MetricRecord,
+    RecordDict,
+    ServerApp,
+    from_record,
+    logger,
+    setting,
+    to_record,
+)
+from onnxtrain.federated.local import LocalModel, artifact_paths
+from onnxtrain.federated.spec import ParamSpec, UpdateRejected
+
+__all__ = ["ServerSettings", "ValidatingFedAvg", "GlobalModel", "make_server_app"]
+
+TestData = Callable[[], "tuple[np.ndarray, np.ndarray]"]
+
+
+@dataclass
+class ServerSettings:
+    """Defaults of the ServerApp; each can be set in the run config under the key in the comment.
+
+    ``local-epochs``, ``batch-size`` and ``learning-rate`` are sent to the clients with every round (a client
+    uses its own default for any that is unset here).
+    """
+
+    artifacts_dir: str | None = None      # "artifacts-dir": the same artifacts the devices hold
+    output_dir: str | None = None         # "output-dir": where the global model is written
+    num_rounds: int = 3                   # "num-server-rounds"
+    min_nodes: int = 2                    # "min-nodes": wait for this many; train and evaluate on at least as many
+    fraction_train: float = 1.0           # "fraction-train"
+    fraction_evaluate: float = 1.0        # "fraction-evaluate"
+    local_epochs: int | None = None       # "local-epochs"
+    batch_size: int | None = None         # "batch-size"
+    learning_rate: float | None = None    # "learning-rate"
+    test_data: TestData | None = None     # default: run config "test-data" (.npz with x, y), else none
+    on_round: Callable[[dict], None] | None = None   # called with each round's history record
+    timeout: float = 3600.0               # "round-timeout": seconds to wait for the replies of a round
+
+
+class ValidatingFedAvg(FedAvg):
+    """FedAvg that checks each training reply against the checkpoint's :class:`ParamSpec` and drops bad ones.
+
+    A reply is rejected, with a warning naming the node and the reason, when its parameters do not match the
+    spec in names, dtypes or shapes, hold NaN or inf, cannot be decoded, or when its ``num-examples`` is not a
+    positive finite number. The others are averaged as usual, weighted by ``num-examples``; if none is left, or
+    the average itself is not finite, the global model stays as it was. ``rounds[r]`` records what happened.
+    """
+
+    def __init__(self, spec: ParamSpec, **kwargs):
+        super().__init__(**kwargs)
+        self.spec = spec
+        self.rounds: dict[int, dict] = {}
+
+    def reject_reason(self, content: RecordDict) -> str | None:
+        """Why a training reply cannot be averaged, or None if it can."""
+        if list(content.array_records) != [self.arrayrecord_key]:
+            return f"expected one ArrayRecord named {self.arrayrecord_key!r}, got {list(content.array_records)}"
+        if len(content.metric_records) != 1:
+            return f"expected one MetricRecord, got {list(content.metric_records)}"
+        metrics = next(iter(content.metric_records.values()))
+        weight = metrics.get(self.weighted_by_key)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+            return f"metric {self.weighted_by_key!r} must be a positive number, got {weight!r}"
+        try:
+            self.spec.check(from_record(content[self.arrayrecord_key]))
+        except UpdateRejected as exc:
+            return str(exc)
+        return None
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None,
+                                                                                   MetricRecord | None]:
+        replies = list(replies)
+        kept, rejected = [], []
+        for msg in replies:
+            reason = None if msg.has_error() else self.reject_reason(msg.content)
+            if reason is None:
+                kept.append(msg)
+                continue
+            rejected.append({"node": msg.metadata.src_node_id, "reason": reason})
+            logger.warning("round %d: rejected the update of node %s: %s", server_round, msg.metadata.src_node_id,
+                           reason)
+        _common_metrics(kept)
+        arrays, metrics = super().aggregate_train(server_round, kept)
+        if arrays is not None:
+            try:   # FedAvg's arithmetic may promote the dtype; the global model keeps the checkpoint's
+                dtypes = dict(zip(self.spec.names, self.spec.dtypes))
+                averaged = {n: v.astype(dtypes[n], copy=False) if n in dtypes else v
+                            for n, v in from_record(arrays).items()}
+                arrays = to_record(self.spec.check(averaged))
+            except UpdateRejected as exc:
+                logger.warning("round %d: the average of the accepted updates is unusable (%s); the global model "
+                               "stays as it was", server_round, exc)
+                arrays = None
+        accepted = sum(1 for m in kept if not m.has_error())
+        self.rounds[server_round] = {"accepted": accepted, "rejected": rejected,
+                                     "failed": sum(1 for m in kept if m.has_error()),
+                                     "train": dict(metrics) if metrics else {}}
+        if arrays is None and replies:
+            logger.warning("round %d: no usable update (%d rejected, %d failed); the global model is unchanged",
+                           server_round, len(rejected), self.rounds[server_round]["failed"])
+        return arrays, metrics
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        replies = list(replies)
+        kept = [m for m in replies if m.has_error() or self.weighted_by_key in _metrics(m.content)]
+        _common_metrics(kept)
+        metrics = super().aggregate_evaluate(server_round, kept)
+        self.rounds.setdefault(server_round, {})["evaluate"] = dict(metrics) if metrics else {}
+        return metrics
+
+
+def _metrics(content: RecordDict) -> dict:
+    return dict(next(iter(content.metric_records.values()), {}))
+
+
+def _common_metrics(replies: list[Message]) -> None:
+    """Keep only the metric keys every reply has, so that one client's extra metric cannot fail the round
+    (FedAvg refuses replies whose MetricRecords differ in keys)."""
+    ok = [m for m in replies if not m.has_error()]
+    if not ok:
+        return
+    common = set.intersection(*(set(_metrics(m.content)) for m in ok))
+    for m in ok:
+        name, record = next(iter(m.content.metric_records.items()))
+        if set(record) != common:
+            m.content[name] = MetricRecord({k: v for k, v in record.items() if k in common})
+
+
+class GlobalModel:
+    """Writes the global model after each round and evaluates it on the server's test data, if any.
+
+    Used as the strategy's ``evaluate_fn``: called with round 0 (the initial parameters) and after each round.
+    """
+
+    def __init__(self, artifacts_dir: str, output_dir: str, strategy: ValidatingFedAvg,
+                 test_data: tuple[np.ndarray, np.ndarray] | None = None,
+                 on_round: Callable[[dict], None] | None = None):
+        self.model = LocalModel(artifacts_dir, threads=0, train=False)
+        self.output_dir, self.strategy, self.test_data, self.on_round = output_dir, strategy, test_data, on_round
+        self.history: list[dict] = []
+        self._start = time.monotonic()
+        os.makedirs(output_dir, exist_ok=True)
+        self.history_path = os.path.join(output_dir, "history.jsonl")
+        open(self.history_path, "w").close()
+
+    def initial_arrays(self) -> ArrayRecord:
+        return to_record(self.model.spec.values(self.model.state))
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        self.model.spec.load_into(self.model.state, from_record(arrays))
+        paths = self.model.save(self.output_dir)
+        info = self.strategy.rounds.get(server_round, {})
+        record = {"round": server_round, "seconds": round(time.monotonic() - self._start, 2),
+                  "accepted": info.get("accepted"), "rejected": len(info["rejected"]) if "rejected" in info else None,
+                  "train-loss": info.get("train", {}).get("train-loss"),
+                  "client-accuracy": info.get("evaluate", {}).get("eval-accuracy"),
+                  "client-loss": info.get("evaluate", {}).get("eval-loss")}
+        metrics = {}
+        if self.test_data is not None:
+            result = self.model.evaluate(*self.test_data)
+            metrics["loss"] = result.loss
+            if result.accuracy is not None:
+                metrics["accuracy"] = result.accuracy
+        record.update(metrics)
+        record["rejections"] = info.get("rejected", [])
+        self.history.append(record)
+        with open(self.history_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        logger.info("round %d: global model written to %s (%s)", server_round, paths["checkpoint"],
+                    ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()) or "no server test data")
+        if self.on_round is not None:
+            self.on_round(record)
+        return MetricRecord(metrics) if metrics else None
+
+
+def make_server_app(settings: ServerSettings | None = None) -> ServerApp:
+    """A ServerApp running :class:`ValidatingFedAvg` from the checkpoint in ``artifacts-dir``."""
+    settings = settings or ServerSettings()
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run(grid, context, settings)
+
+    return app
+
+
+def run(grid: Grid, context: Context, settings: ServerSettings):
+    """The body of the ServerApp; returns Flower's Result."""
+    def get(key, default):
+        return setting(key, context, None, default)
+
+    artifacts_dir = get("artifacts-dir", settings.artifacts_dir)
+    output_dir = get("output-dir", settings.output_dir)
+    if not output_dir:
+        raise ValueError("no output directory for the global model: set 'output-dir' in the run config "
+                         "(or ServerSettings(output_dir=...))")
+    min_nodes = get("min-nodes", settings.min_nodes)
+    spec = ParamSpec.from_checkpoint(artifact_paths(artifacts_dir, need_optimizer=False)["checkpoint"])
+    strategy = ValidatingFedAvg(spec, fraction_train=get("fraction-train", settings.fraction_train),
+                                fraction_evaluate=get("fraction-evaluate", settings.fraction_evaluate),
+                                min_train_nodes=min_nodes, min_evaluate_nodes=min_nodes, min_available_nodes=min_nodes)
+    test_data = settings.test_data() if settings.test_data else _npz_test_data(get("test-data", ""))
+    writer = GlobalModel(os.fspath(artifacts_dir), os.fspath(output_dir), strategy, test_data, settings.on_round)
+    train_config = ConfigRecord({k: v for k, v in {
+        "local-epochs": get("local-epochs", settings.local_epochs),
+        "batch-size": get("batch-size", settings.batch_size),
+        "learning-rate": get("learning-rate", settings.learning_rate)}.items() if v is not None})
+    num_rounds = get("num-server-rounds", settings.num_rounds)
+    logger.info("FedAvg over %d trainable parameters (%d values) for %d rounds, global model in %s",
+                len(spec), sum(int(np.prod(s)) for s in spec.shapes), num_rounds, output_dir)
+    return strategy.start(grid=grid, initial_arrays=writer.initial_arrays(), num_rounds=num_rounds,
+                          timeout=get("round-timeout", settings.timeout), train_config=train_config,
+                          evaluate_config=ConfigRecord(), evaluate_fn=writer)
+
+
+def _npz_test_data(path: str) -> tuple[np.ndarray, np.ndarray] | None:
+    if not path:
+        return None
+    with np.load(os.fspath(path), allow_pickle=False) as npz:
+        return npz["x"], npz["y"]
