@@ -11,7 +11,12 @@ import pytest
 
 from onnxtrain import blocks
 from onnxtrain.api import (
-    CheckpointState, CosineLRScheduler, LinearLRScheduler, Module, Optimizer, StepLRScheduler,
+    CheckpointState,
+    CosineLRScheduler,
+    LinearLRScheduler,
+    Module,
+    Optimizer,
+    StepLRScheduler,
 )
 from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
 from tests import models

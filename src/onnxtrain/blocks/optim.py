@@ -87,8 +87,11 @@ class AdamW(Optimizer):
     def update(self, p, g, states, lr, step):
         op, s = self.op, self.scalar
         b1, b2 = self.betas
-        m = op.Add(op.Mul(states["exp_avg"], s(b1)), op.Mul(g, s(1 - b1)))              # m = b1 m + (1-b1) g
-        v = op.Add(op.Mul(states["exp_avg_sq"], s(b2)), op.Mul(op.Mul(g, g), s(1 - b2)))  # v = b2 v + (1-b2) g^2
+        # The peer's kernel computes 1 - beta in float32 from the float32 beta (1 - 0.999f differs from
+        # 0.001f by 1.3e-5 relative); torch computes it in double. Follow each one's arithmetic.
+        c1, c2 = (1 - float(np.float32(b1)), 1 - float(np.float32(b2))) if self.mode == "hf" else (1 - b1, 1 - b2)
+        m = op.Add(op.Mul(states["exp_avg"], s(b1)), op.Mul(g, s(c1)))                   # m = b1 m + (1-b1) g
+        v = op.Add(op.Mul(states["exp_avg_sq"], s(b2)), op.Mul(op.Mul(g, g), s(c2)))       # v = b2 v + (1-b2) g^2
         bc1 = op.Sub(s(1.0), op.Pow(s(b1), step)) if self.bias_correction else s(1.0)      # 1 - b1^t
         bc2 = op.Sub(s(1.0), op.Pow(s(b2), step)) if self.bias_correction else s(1.0)      # 1 - b2^t
         if self.mode == "hf":
