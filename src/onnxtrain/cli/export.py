@@ -1,0 +1,47 @@
+"""`onnxtrain export DIR -o model.onnx`: an inference model with the trained weights inside.
+
+The exported model is plain ONNX (no loss, no labels); it is checked by loading it into an
+onnxruntime.InferenceSession before the command reports success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from onnxtrain.cli.common import Artifacts, human_bytes, quiet_onnxruntime, read_model, shape_text
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("export", help="write an inference model with the trained weights", description=__doc__)
+    p.add_argument("dir", metavar="DIR", help="the artifact folder")
+    p.add_argument("-o", "--output", required=True, metavar="MODEL.onnx", help="the inference model to write")
+    p.add_argument("--outputs", nargs="+", metavar="NAME", help="graph outputs (default: the model's outputs)")
+    p.add_argument("--checkpoint", metavar="last|best|initial|PATH",
+                   help="which weights (default: the last training checkpoint, else the initial one)")
+    p.add_argument("--prefix", default="", help="the file-name prefix given to generate")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import onnxruntime as ort
+
+    from onnxtrain.api import CheckpointState, Module
+
+    artifacts = Artifacts.locate(args.dir, args.prefix)
+    checkpoint = artifacts.resolve_checkpoint(args.checkpoint)
+    quiet_onnxruntime()
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"cannot write {args.output}: the folder {folder} does not exist")
+    state = CheckpointState.load_checkpoint(checkpoint)
+    module = Module(read_model(artifacts.training, "training model"), state, read_model(artifacts.eval, "eval model"))
+    module.export_model_for_inferencing(args.output, args.outputs)
+    session = ort.InferenceSession(args.output, providers=["CPUExecutionProvider"])
+    io = lambda values: ", ".join(f"{v.name}: {v.type}{shape_text(v.shape)}" for v in values)  # noqa: E731
+    print(f"wrote {args.output} ({human_bytes(os.path.getsize(args.output))}) from {checkpoint}")
+    print(f"inputs:  {io(session.get_inputs())}")
+    print(f"outputs: {io(session.get_outputs())}")
+    return 0

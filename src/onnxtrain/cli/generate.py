@@ -1,0 +1,158 @@
+"""`onnxtrain generate MODEL.onnx -o DIR`: the training artifacts, with the options of generate_artifacts.
+
+Training options given here (`--epochs`, `--batch-size`, `--lr`, ...) are stored in the training model's
+metadata (`onnxtrain.train_config`, JSON), so the artifacts carry their recipe; `onnxtrain train` reads them
+and its own command line overrides them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from onnxtrain.cli.common import TRAIN_CONFIG_KEY, CliError, read_model
+from onnxtrain.cli.train import add_train_options, given_options, resolve_options
+
+__all__ = ["add_parser", "run", "LOSSES", "OPTIMIZERS", "loss_block", "optimizer_block"]
+
+# command-line name -> class name in onnxtrain.blocks
+LOSSES = {"cross-entropy": "CrossEntropyLoss", "mse": "MSELoss", "l1": "L1Loss", "huber": "HuberLoss",
+          "bce-with-logits": "BCEWithLogitsLoss", "nll": "NLLLoss"}
+OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "none": None}
+_LOSS_ALIASES = {"ce": "cross-entropy", "bce": "bce-with-logits"}
+
+
+def _key(text: str) -> str:
+    return text.lower().replace("-", "").replace("_", "").removesuffix("loss")
+
+
+def _loss_name(text: str) -> str:
+    """Accept `cross-entropy`, `CrossEntropyLoss`, `crossentropy`, `ce` ... (LossType names too)."""
+    text = _LOSS_ALIASES.get(text.lower(), text)
+    for name, cls in LOSSES.items():
+        if _key(text) in (_key(name), _key(cls)):
+            return name
+    raise argparse.ArgumentTypeError(f"unknown loss {text!r} (choose from {', '.join(LOSSES)})")
+
+
+def _optimizer_name(text: str) -> str:
+    if text.lower() in OPTIMIZERS:
+        return text.lower()
+    raise argparse.ArgumentTypeError(f"unknown optimizer {text!r} (choose from {', '.join(OPTIMIZERS)})")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="write training artifacts for an ONNX model", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", metavar="MODEL.onnx", help="the forward (inference) model")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder for the artifacts")
+    p.add_argument("--prefix", default="", help="prefix of every artifact file name")
+    g = p.add_argument_group("loss")
+    g.add_argument("--loss", type=_loss_name, required=True, metavar="LOSS",
+                   help=f"one of {', '.join(LOSSES)} (or the LossType name, e.g. CrossEntropyLoss)")
+    g.add_argument("--reduction", choices=("mean", "sum"), default="mean", help="loss reduction (default mean)")
+    g.add_argument("--ignore-index", type=int, help="cross-entropy / nll: label value that adds no loss")
+    g.add_argument("--huber-delta", type=float, help="huber: the delta (default 1.0)")
+    g.add_argument("--loss-inputs", nargs="+", metavar="NAME",
+                   help="model values fed to the loss (default: the first model output)")
+    g = p.add_argument_group("optimizer")
+    g.add_argument("--optimizer", type=_optimizer_name, default="adamw", metavar="OPT",
+                   help="adamw (default), adam, sgd, or none (no optimizer model)")
+    g.add_argument("--betas", type=float, nargs=2, metavar=("B1", "B2"), help="adam/adamw (default 0.9 0.999)")
+    g.add_argument("--eps", type=float, help="adam/adamw epsilon (default 1e-6 for adamw, 1e-8 for adam)")
+    g.add_argument("--weight-decay", type=float, help="weight decay (default 0)")
+    g.add_argument("--adamw-mode", choices=("hf", "torch"), help="adamw update: hf (as onnxruntime-training, "
+                   "default) or torch (torch.optim.AdamW)")
+    g.add_argument("--momentum", type=float, help="sgd momentum (default 0)")
+    g.add_argument("--dampening", type=float, help="sgd dampening (default 0)")
+    g.add_argument("--nesterov", action="store_true", help="sgd: Nesterov momentum")
+    g.add_argument("--max-norm", type=float, help="clip the global gradient norm to this value")
+    g = p.add_argument_group("parameters")
+    g.add_argument("--requires-grad", nargs="+", metavar="NAME",
+                   help="parameters to train, by name or glob (default: every float weight)")
+    g.add_argument("--frozen", nargs="+", metavar="NAME", help="parameters to keep fixed, by name or glob")
+    g.add_argument("--trainable-ops", type=int, default=-1, metavar="N",
+                   help="train only the parameters of the last N nodes (default -1: all)")
+    g = p.add_argument_group("output")
+    g.add_argument("--additional-outputs", nargs="*", metavar="NAME",
+                   help="model values returned after the loss (default: the loss input, so that train and eval "
+                        "can compute accuracy; give the option with no names for none)")
+    g.add_argument("--nominal", action="store_true", help="a nominal checkpoint (names, dtypes and shapes only)")
+    g.add_argument("--ort-format", action="store_true", help="also write .ort files")
+    add_train_options(p)
+    p.set_defaults(run=run)
+
+
+def loss_block(args: argparse.Namespace):
+    from onnxtrain import blocks
+
+    name = args.loss
+    kwargs: dict = {"reduction": args.reduction}
+    if args.ignore_index is not None:
+        if name not in ("cross-entropy", "nll"):
+            raise CliError(f"--ignore-index applies to the cross-entropy and nll losses, not {name}")
+        kwargs["ignore_index"] = args.ignore_index
+    if args.huber_delta is not None:
+        if name != "huber":
+            raise CliError(f"--huber-delta applies to the huber loss, not {name}")
+        kwargs["delta"] = args.huber_delta
+    return getattr(blocks, LOSSES[name])(**kwargs)
+
+
+def optimizer_block(args: argparse.Namespace):
+    from onnxtrain import blocks
+
+    name = args.optimizer
+    only = {"betas": ("adam", "adamw"), "eps": ("adam", "adamw"), "adamw_mode": ("adamw",),
+            "momentum": ("sgd",), "dampening": ("sgd",), "nesterov": ("sgd",)}
+    for option, owners in only.items():
+        if getattr(args, option) not in (None, False) and name not in owners:
+            raise CliError(f"--{option.replace('_', '-')} applies to --optimizer {' or '.join(owners)}, not {name}")
+    if name == "none":
+        if args.weight_decay is not None or args.max_norm is not None:
+            raise CliError("--weight-decay and --max-norm need an optimizer (--optimizer adamw, adam or sgd)")
+        return None
+    kwargs = {k: getattr(args, a) for k, a in (("betas", "betas"), ("eps", "eps"), ("weight_decay", "weight_decay"),
+                                               ("max_norm", "max_norm"), ("mode", "adamw_mode"),
+                                               ("momentum", "momentum"), ("dampening", "dampening"))
+              if getattr(args, a) is not None}
+    if args.nesterov:
+        kwargs["nesterov"] = True
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    return getattr(blocks, OPTIMIZERS[name])(**kwargs)
+
+
+def run(args: argparse.Namespace) -> int:
+    from onnxtrain.artifacts import generate_artifacts
+    from onnxtrain.artifacts.generate import _convert_to_ort
+    from onnxtrain.cli.info import artifact_summary
+    from onnxtrain.ir.files import atomic_write_bytes
+
+    config = given_options(args)
+    resolve_options(config, {})  # reject bad values now rather than at training time
+    model = read_model(args.model, "model")
+    outputs = [o.name for o in model.graph.output]
+    if args.additional_outputs is None:  # default: the predictions, for accuracy
+        additional = list(args.loss_inputs or outputs[:1])
+    else:
+        additional = list(args.additional_outputs)
+    paths = generate_artifacts(
+        args.model, requires_grad=args.requires_grad, frozen_params=args.frozen, loss=loss_block(args),
+        optimizer=optimizer_block(args), artifact_directory=args.output, prefix=args.prefix, ort_format=False,
+        additional_output_names=additional or None, nominal_checkpoint=args.nominal,
+        loss_input_names=args.loss_inputs, trainable_ops=args.trainable_ops)
+    if config:
+        training = read_model(paths["training"], "training model")
+        for prop in list(training.metadata_props):
+            if prop.key == TRAIN_CONFIG_KEY:
+                training.metadata_props.remove(prop)
+        training.metadata_props.add(key=TRAIN_CONFIG_KEY, value=json.dumps(config))
+        atomic_write_bytes(paths["training"], training.SerializeToString())
+    if args.ort_format:
+        _convert_to_ort([paths[k] for k in ("training", "eval", "optimizer") if k in paths])
+    print(f"wrote {', '.join(os.path.basename(p) for p in paths.values())} to {args.output}")
+    for line in artifact_summary(args.output, args.prefix):
+        print(line)
+    return 0

@@ -1,0 +1,405 @@
+"""`onnxtrain train DIR --data TRAIN`: epochs with progress, validation, metrics, checkpoints, a log and a plot.
+
+Everything a run writes goes to `DIR/run/`: `last.ckpt` (after every epoch, and on Ctrl-C), `best.ckpt`
+(lowest validation loss, or training loss without validation data), `metrics.jsonl` (one JSON record per epoch)
+and `training_curve.png` (with matplotlib). Checkpoints are written atomically and record how far the run got
+(the `onnxtrain.progress` property), so `--resume` continues exactly where it stopped, mid-epoch included.
+
+Options come from, in increasing priority: the defaults, the options stored in the artifacts by
+`onnxtrain generate --epochs ...`, and the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from onnxtrain.cli.common import Artifacts, CliError, quiet_onnxruntime, read_model, stored_train_config
+from onnxtrain.cli.plot import have_matplotlib, write_curve
+from onnxtrain.cli.progress import PROGRESS_MODES, Progress
+from onnxtrain.errors import NonFiniteError
+
+__all__ = ["TrainOptions", "FitResult", "add_train_options", "resolve_options", "given_options", "fit",
+           "format_metrics", "add_parser"]
+
+PROGRESS_KEY = "onnxtrain.progress"
+SCHEDULERS = ("none", "linear", "cosine", "step")
+
+
+@dataclass
+class TrainOptions:
+    epochs: int = 5
+    batch_size: int = 32
+    lr: float = 1e-3
+    scheduler: str = "none"
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    decay_every: int = 1        # epochs between two decays of the step scheduler
+    gamma: float = 0.5          # decay factor of the step scheduler
+    metrics: list[str] | None = None  # None: accuracy for classification artifacts with predictions
+    val_split: float = 0.0
+    seed: int = 0
+
+
+_OPTION_HELP = {
+    "epochs": "number of epochs (default 5)",
+    "batch_size": "examples per optimizer step (default 32)",
+    "lr": "learning rate (default 1e-3)",
+    "scheduler": "learning-rate schedule over all steps: none, linear, cosine or step (default none)",
+    "warmup_steps": "linear warm-up steps for the linear and cosine schedules (default 0)",
+    "min_lr": "final learning rate of the cosine schedule (default 0)",
+    "decay_every": "epochs between learning-rate decays of the step schedule (default 1)",
+    "gamma": "decay factor of the step schedule (default 0.5)",
+    "metrics": "metrics besides the loss: accuracy, top5_accuracy, binary_accuracy, mse, mae "
+               "(default: accuracy for classification)",
+    "val_split": "fraction of the training data held out for validation when --val is not given (default 0)",
+    "seed": "seed of the shuffling and of --val-split (default 0)",
+}
+
+
+def _metrics_list(text: str) -> list[str]:
+    return [m.strip() for m in text.replace(" ", ",").split(",") if m.strip()]
+
+
+def add_train_options(parser: argparse.ArgumentParser) -> None:
+    """The options that `generate` can store in the artifacts and `train` reads (all default to None)."""
+    group = parser.add_argument_group("training options (stored by generate, read by train)")
+    group.add_argument("--epochs", type=int, help=_OPTION_HELP["epochs"])
+    group.add_argument("--batch-size", type=int, help=_OPTION_HELP["batch_size"])
+    group.add_argument("--lr", "--learning-rate", dest="lr", type=float, help=_OPTION_HELP["lr"])
+    group.add_argument("--scheduler", choices=SCHEDULERS, help=_OPTION_HELP["scheduler"])
+    group.add_argument("--warmup-steps", type=int, help=_OPTION_HELP["warmup_steps"])
+    group.add_argument("--min-lr", type=float, help=_OPTION_HELP["min_lr"])
+    group.add_argument("--decay-every", type=int, help=_OPTION_HELP["decay_every"])
+    group.add_argument("--gamma", type=float, help=_OPTION_HELP["gamma"])
+    group.add_argument("--metrics", type=_metrics_list, help=_OPTION_HELP["metrics"])
+    group.add_argument("--val-split", type=float, help=_OPTION_HELP["val_split"])
+    group.add_argument("--seed", type=int, help=_OPTION_HELP["seed"])
+
+
+def given_options(args: argparse.Namespace) -> dict:
+    """The training options set on the command line."""
+    return {k: getattr(args, k) for k in _OPTION_HELP if getattr(args, k, None) is not None}
+
+
+def resolve_options(given: dict, stored: dict, where: str = "the stored training options") -> TrainOptions:
+    """Defaults, overridden by `stored` (from the artifacts), overridden by `given` (the command line)."""
+    from onnxtrain.runtime.loop import METRICS
+
+    unknown = sorted(set(stored) - set(_OPTION_HELP))
+    if unknown:
+        raise CliError(f"{where} has unknown keys {unknown}; known: {', '.join(_OPTION_HELP)}")
+    values = {**asdict(TrainOptions()), **stored, **given}
+    checks = [
+        ("epochs", lambda v: isinstance(v, int) and v >= 1, "a positive integer"),
+        ("batch_size", lambda v: isinstance(v, int) and v >= 1, "a positive integer"),
+        ("lr", lambda v: isinstance(v, (int, float)) and v > 0 and np.isfinite(v), "a positive number"),
+        ("scheduler", lambda v: v in SCHEDULERS, f"one of {', '.join(SCHEDULERS)}"),
+        ("warmup_steps", lambda v: isinstance(v, int) and v >= 0, "a non-negative integer"),
+        ("min_lr", lambda v: isinstance(v, (int, float)) and v >= 0, "a non-negative number"),
+        ("decay_every", lambda v: isinstance(v, int) and v >= 1, "a positive integer"),
+        ("gamma", lambda v: isinstance(v, (int, float)) and 0 < v <= 1, "a number in (0, 1]"),
+        ("metrics", lambda v: v is None or (isinstance(v, list) and all(m in METRICS for m in v)),
+         f"a list of {', '.join(METRICS)}"),
+        ("val_split", lambda v: isinstance(v, (int, float)) and 0 <= v < 1, "a fraction in [0, 1)"),
+        ("seed", lambda v: isinstance(v, int) and v >= 0, "a non-negative integer"),
+    ]
+    for key, ok, expected in checks:
+        if not ok(values[key]):
+            source = f"--{key.replace('_', '-')}" if key in given else f"{key} in {where}"
+            raise CliError(f"{source} must be {expected}, got {values[key]!r}")
+    return TrainOptions(**values)
+
+
+# -- one run ---------------------------------------------------------------------------------------------------------
+@dataclass
+class FitResult:
+    state: object                 # onnxtrain.api.CheckpointState after the last step
+    module: object                # onnxtrain.api.Module (in eval mode when a validation pass ran last)
+    history: list[dict] = field(default_factory=list)
+    last_checkpoint: str = ""
+    best_checkpoint: str = ""
+    log: str = ""
+    plot: str | None = None
+    interrupted: bool = False
+
+
+class _StopOnSigint:
+    """The first Ctrl-C asks the loop to stop after the current step (it then saves); a second one aborts."""
+
+    def __init__(self):
+        self.requested, self.previous = False, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nonnxtrain: stopping after this step to save a checkpoint (press Ctrl-C again to abort without "
+              "saving)", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def format_metrics(loss: float, metrics: dict[str, float]) -> str:
+    parts = [f"loss {loss:.4f}"]
+    for name, value in metrics.items():
+        parts.append(f"{name} {100 * value:.1f}%" if name.endswith("accuracy") else f"{name} {value:.4g}")
+    return " ".join(parts)
+
+
+def _make_scheduler(optimizer, opts: TrainOptions, steps_per_epoch: int):
+    from onnxtrain.api import CosineLRScheduler, LinearLRScheduler, StepLRScheduler
+
+    total = max(1, opts.epochs * steps_per_epoch)
+    if opts.scheduler == "none":
+        optimizer.set_learning_rate(opts.lr)
+        return None
+    if opts.warmup_steps > total:
+        raise CliError(f"--warmup-steps {opts.warmup_steps} is more than the {total} steps of the run")
+    if opts.scheduler == "linear":
+        return LinearLRScheduler(optimizer, opts.warmup_steps, total, opts.lr)
+    if opts.scheduler == "cosine":
+        return CosineLRScheduler(optimizer, total, opts.lr, opts.warmup_steps, opts.min_lr)
+    return StepLRScheduler(optimizer, opts.decay_every * steps_per_epoch, opts.lr, opts.gamma)
+
+
+def _save(state, path: str, progress: dict) -> None:
+    from onnxtrain.api import CheckpointState
+
+    state.properties[PROGRESS_KEY] = json.dumps(progress)
+    CheckpointState.save_checkpoint(state, path, include_optimizer_state=True)
+
+
+def check_run_dir(artifacts: Artifacts, resume: bool, restart: bool) -> str:
+    """The checkpoint a run starts from; an error if it would resume nothing or silently replace a run."""
+    last = os.path.join(artifacts.run_dir, "last.ckpt")
+    if resume:
+        if not os.path.isfile(last):
+            raise CliError(f"nothing to resume: {last} does not exist (start a run without --resume)")
+        return last
+    if os.path.isfile(last) and not restart:
+        raise CliError(f"{artifacts.run_dir} already holds a run; pass --resume to continue it or --restart to start "
+                       "over")
+    return artifacts.checkpoint
+
+
+def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np.ndarray] | None,
+        opts: TrainOptions, *, metrics: list[str], resume: bool = False, restart: bool = False,
+        progress: Progress | None = None, log: Callable[[str], None] = print, title: str = "",
+        log_path: str | None = None, header: str | None = None) -> FitResult:
+    """Train on (x, y) arrays that already fit the model (see onnxtrain.data.fit_dataset), writing DIR/run/.
+
+    Args:
+        resume: continue from DIR/run/last.ckpt; restart: replace an existing run (else that is an error).
+        log: receives one line per epoch; progress: the per-step display; log_path: the JSON-lines log
+            (default DIR/run/metrics.jsonl); header: logged once the checkpoint and models are loaded.
+    """
+    from onnxtrain.api import CheckpointState, Module, Optimizer
+    from onnxtrain.runtime.loop import Totals, batches, evaluate, num_batches, train_epoch
+
+    quiet_onnxruntime()
+    progress = progress or Progress("auto")
+    run_dir = artifacts.run_dir
+    last, best = os.path.join(run_dir, "last.ckpt"), os.path.join(run_dir, "best.ckpt")
+    log_path = log_path or os.path.join(run_dir, "metrics.jsonl")
+    plot_path = os.path.join(run_dir, "training_curve.png")
+    if artifacts.optimizer is None:
+        raise CliError(f"{artifacts.directory} has no optimizer model, so it cannot be trained; regenerate it with "
+                       "`onnxtrain generate MODEL.onnx -o DIR --optimizer adamw`")
+    start_checkpoint = check_run_dir(artifacts, resume, restart)
+    state = CheckpointState.load_checkpoint(start_checkpoint)
+    module = Module(read_model(artifacts.training, "training model"), state,
+                    read_model(artifacts.eval, "eval model"), on_nonfinite="raise")
+    optimizer = Optimizer(artifacts.optimizer, module)
+
+    done = {"epoch": 0, "batch": 0, "global_step": 0, "totals": None, "best": None, "best_epoch": None}
+    if resume:
+        try:
+            done.update(json.loads(state.properties[PROGRESS_KEY]))
+        except (KeyError, json.JSONDecodeError):
+            raise CliError(f"{last} has no training progress record; it was not written by onnxtrain train") from None
+        if done["epoch"] >= opts.epochs:
+            raise CliError(f"the run in {run_dir} has already finished {done['epoch']} epochs; pass --epochs N with "
+                           f"N > {done['epoch']} to train further")
+    if header:
+        log(header)
+
+    x, y = train
+    steps_per_epoch = num_batches(len(x), opts.batch_size)
+    scheduler = _make_scheduler(optimizer, opts, steps_per_epoch)
+    if scheduler is not None and done["global_step"]:
+        scheduler.count = done["global_step"]
+        optimizer.set_learning_rate(scheduler.lr_at(scheduler.count))
+
+    os.makedirs(run_dir, exist_ok=True)
+    history: list[dict] = []
+    if resume and os.path.isfile(log_path):
+        with open(log_path) as f:
+            history = [r for r in map(json.loads, filter(str.strip, f)) if "train_loss" in r]
+    if not resume:  # a new run: nothing of the previous one may be mistaken for this one's
+        for stale in (last, best, plot_path):
+            if os.path.isfile(stale):
+                os.remove(stale)
+    log_file = open(log_path, "a" if resume else "w")
+    record = lambda r: (log_file.write(json.dumps(r) + "\n"), log_file.flush())  # noqa: E731
+
+    result = FitResult(state, module, history, last, best, log_path)
+    try:
+        record({"event": "resume" if resume else "start", "time": time.time(), "options": asdict(opts),
+                "metrics": metrics, "train_examples": len(x), "val_examples": len(val[0]) if val else 0,
+                "from_checkpoint": start_checkpoint})
+        with _StopOnSigint() as stop:
+            for epoch in range(done["epoch"], opts.epochs):
+                skip = done["batch"] if epoch == done["epoch"] else 0
+                totals = Totals(**done["totals"]) if skip and done["totals"] else Totals()
+                steps_before, examples_before = totals.steps, totals.num_examples
+                desc = f"epoch {epoch + 1}/{opts.epochs}"
+                lr_start = optimizer.get_learning_rate()
+                data = batches(x, y, opts.batch_size, shuffle=True, seed=opts.seed, epoch=epoch, skip=skip)
+                try:
+                    with progress.epoch(desc, steps_per_epoch - skip, len(x) - skip * opts.batch_size) as update:
+                        res = train_epoch(module, optimizer, data, scheduler=scheduler, metrics=metrics,
+                                          on_step=update, should_stop=lambda: stop.requested, totals=totals)
+                except NonFiniteError as exc:  # the parameters are still those before the bad batch
+                    record({"event": "nonfinite", "epoch": epoch + 1, "batch": totals.steps + 1, "time": time.time()})
+                    kept = f"{last} holds epoch {epoch}" if epoch else "no epoch was completed"
+                    raise NonFiniteError(f"training stopped in epoch {epoch + 1} at batch {totals.steps + 1}: the loss "
+                                         f"is not finite (NaN or infinite); {kept}; lower the learning rate (--lr) "
+                                         "or check the data") from exc
+                global_step = done["global_step"] + res.steps - steps_before
+                done["global_step"] = global_step
+                if res.stopped:
+                    if res.steps >= steps_per_epoch:  # stopped on the epoch's last step: finish the epoch normally
+                        stop.requested, res.stopped = True, False
+                    else:
+                        _save(state, last, {**done, "epoch": epoch, "batch": res.steps, "totals": asdict(res.totals)})
+                        record({"event": "interrupted", "epoch": epoch + 1, "batch": res.steps, "time": time.time()})
+                        log(f"interrupted in epoch {epoch + 1} after {res.steps}/{steps_per_epoch} batches; "
+                            f"saved {last} (continue with --resume)")
+                        result.interrupted = True
+                        break
+                entry = {"epoch": epoch + 1, "step": global_step, "lr": float(f"{lr_start:.6g}"),
+                         "train_loss": res.loss,
+                         **{f"train_{k}": v for k, v in res.metrics.items()}, "seconds": round(res.seconds, 4)}
+                line = f"{desc}  train {format_metrics(res.loss, res.metrics)}"
+                score = res.loss
+                if val is not None:
+                    v = evaluate(module, batches(val[0], val[1], max(opts.batch_size, 256)), metrics=metrics)
+                    entry.update({"val_loss": v.loss, **{f"val_{k}": m for k, m in v.metrics.items()}})
+                    line += f" | val {format_metrics(v.loss, v.metrics)}"
+                    score = v.loss
+                rate = (res.num_examples - examples_before) / max(res.seconds, 1e-9)  # this session's share only
+                entry["examples_per_second"] = round(rate, 1)
+                line += f" | {res.seconds:.1f}s {rate:,.0f} ex/s"
+                entry["time"] = time.time()
+                improved = done["best"] is None or score < done["best"]
+                if improved:
+                    done["best"], done["best_epoch"] = score, epoch + 1
+                done.update(epoch=epoch + 1, batch=0, totals=None)
+                _save(state, last, done)
+                if improved:
+                    _save(state, best, done)
+                history.append(entry)
+                record(entry)
+                log(line)
+                if stop.requested:
+                    if epoch + 1 < opts.epochs:
+                        record({"event": "interrupted", "epoch": epoch + 1, "batch": 0, "time": time.time()})
+                        log(f"interrupted after epoch {epoch + 1}; saved {last} (continue with --resume)")
+                        result.interrupted = True
+                    break
+    finally:
+        log_file.close()
+        if history and write_curve(history, plot_path, title):
+            result.plot = plot_path
+    return result
+
+
+def describe_files(result: FitResult) -> list[str]:
+    saved = [f"{path} ({which})" for path, which in ((result.last_checkpoint, "last"), (result.best_checkpoint, "best"))
+             if os.path.isfile(path)]
+    lines = [f"checkpoints: {', '.join(saved) or 'none'}", f"log:         {result.log}"]
+    if result.plot:
+        lines.append(f"plot:        {result.plot}")
+    elif not have_matplotlib():
+        lines.append("plot:        not written: matplotlib is not installed (pip install 'onnxtrain[plot]')")
+    return lines
+
+
+# -- the command ----------------------------------------------------------------------------------------------------
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train the artifacts on a dataset", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", metavar="DIR", help="the artifact folder written by `onnxtrain generate`")
+    p.add_argument("--data", required=True, metavar="TRAIN.npz", help="training data (see `onnxtrain data`)")
+    p.add_argument("--val", metavar="VAL.npz", help="validation data, evaluated after every epoch")
+    add_train_options(p)
+    p.add_argument("--resume", action="store_true", help="continue the run saved in DIR/run/last.ckpt")
+    p.add_argument("--restart", action="store_true", help="start over, replacing the run in DIR/run")
+    p.add_argument("--log", metavar="PATH", help="where to write the per-epoch records as JSON lines "
+                   "(default DIR/run/metrics.jsonl)")
+    p.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
+                   help="progress display: a tqdm bar on a terminal, plain lines otherwise (default auto)")
+    p.add_argument("--prefix", default="", help="the file-name prefix given to generate")
+    p.set_defaults(run=run)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}es" if word == "batch" else f"{n} {word}s"
+
+
+def default_metrics(spec) -> list[str]:
+    return ["accuracy"] if spec.predictions is not None and spec.num_classes is not None else []
+
+
+def run(args: argparse.Namespace) -> int:
+    from onnxtrain.data import data_spec, fit_dataset, load_dataset
+    from onnxtrain.runtime.loop import check_metrics
+
+    if args.resume and args.restart:
+        raise CliError("--resume and --restart exclude each other")
+    artifacts = Artifacts.locate(args.dir, args.prefix)
+    check_run_dir(artifacts, args.resume, args.restart)
+    training_model = read_model(artifacts.training, "training model")
+    opts = resolve_options(given_options(args), stored_train_config(training_model))
+    if args.val and opts.val_split:
+        raise CliError("give either --val or --val-split, not both")
+    spec = data_spec(training_model)
+    metrics = check_metrics(opts.metrics if opts.metrics is not None else default_metrics(spec), spec.predictions)
+    x, y = fit_dataset(load_dataset(args.data), spec, args.data)
+    val = fit_dataset(load_dataset(args.val), spec, args.val) if args.val else None
+    if opts.val_split:
+        n_val = int(round(len(x) * opts.val_split))
+        if n_val < 1 or n_val >= len(x):
+            raise CliError(f"--val-split {opts.val_split} of {len(x)} examples leaves {n_val} for validation and "
+                           f"{len(x) - n_val} for training; both need at least one")
+        order = np.random.default_rng(opts.seed).permutation(len(x))
+        val = (x[order[:n_val]], y[order[:n_val]])
+        x, y = x[order[n_val:]], y[order[n_val:]]
+    header = (f"training {artifacts.directory}: {len(x)} examples" + (f", {len(val[0])} for validation" if val else "")
+          + f"; {_plural(opts.epochs, 'epoch')} of {_plural(-(-len(x) // opts.batch_size), 'batch')} of "
+          f"{opts.batch_size}; lr {opts.lr:g}"
+          + (f" ({opts.scheduler})" if opts.scheduler != "none" else "")
+          + (f"; metrics: {', '.join(metrics)}" if metrics else ""))
+    result = fit(artifacts, (x, y), val, opts, metrics=metrics, resume=args.resume, restart=args.restart,
+                 progress=Progress(args.progress), log=lambda s: print(s, flush=True),
+                 title=os.path.basename(os.path.abspath(artifacts.directory)), log_path=args.log, header=header)
+    for line in describe_files(result):
+        print(line)
+    return 130 if result.interrupted else 0

@@ -1,0 +1,127 @@
+"""The dataset file that ``onnxtrain train`` and ``onnxtrain eval`` read: one NumPy ``.npz`` file.
+
+Format (written by ``np.savez``; read with ``allow_pickle=False``, so a dataset can never run code):
+
+=========  ==============================================================================================
+``x``      the inputs, shape ``[N, *sample_shape]``, a numeric dtype (float32 for most models), all finite
+``y``      the labels, shape ``[N, *label_shape]``: integer class indices (classification) or float targets
+``classes`` optional, a string array ``[K]``: ``classes[i]`` names class ``i`` (written for image folders
+           and CSV files with text labels)
+=========  ==============================================================================================
+
+``onnxtrain data`` converts .npy, .npz, CSV files and folders of images into this format; any program can
+write it with ``np.savez("train.npz", x=x, y=y)``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxtrain.errors import InputError
+from onnxtrain.ir.files import atomic_write_bytes
+
+__all__ = ["Dataset", "DatasetError", "load_dataset", "save_dataset"]
+
+
+class DatasetError(InputError):
+    """A dataset file is missing, unreadable or inconsistent, or does not fit the model."""
+
+
+@dataclass
+class Dataset:
+    """Inputs ``x``, labels ``y`` (same first dimension) and optional class names."""
+
+    x: np.ndarray
+    y: np.ndarray
+    classes: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def validate(self, where: str = "the dataset") -> Dataset:
+        """Raise DatasetError for any inconsistency; return self."""
+        x, y = self.x, self.y
+        for name, a in (("x", x), ("y", y)):
+            if not isinstance(a, np.ndarray):
+                raise DatasetError(f"{where}: {name} must be a numpy array, got {type(a).__name__}")
+            if a.dtype.kind not in "biuf":
+                raise DatasetError(f"{where}: {name} has dtype {a.dtype}; expected numbers (float or int)")
+            if a.ndim == 0:
+                raise DatasetError(f"{where}: {name} is a scalar; expected one row per example")
+        if len(x) != len(y):
+            raise DatasetError(f"{where}: x has {len(x)} examples but y has {len(y)}; they must match")
+        if len(x) == 0:
+            raise DatasetError(f"{where} holds no examples")
+        for name, a in (("x", x), ("y", y)):
+            if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
+                bad = int(np.argwhere(~np.isfinite(a.reshape(len(a), -1)))[0][0])
+                count = int(np.sum(~np.isfinite(a)))
+                raise DatasetError(f"{where}: {name} holds {count} NaN or infinite values (the first in example {bad})")
+        if self.classes is not None:
+            if y.dtype.kind not in "iu":
+                raise DatasetError(f"{where}: class names are given but the labels y are {y.dtype}, not integers")
+            low, high = int(y.min()), int(y.max())
+            if low < 0 or high >= len(self.classes):
+                raise DatasetError(f"{where}: labels range over [{low}, {high}] but there are {len(self.classes)} "
+                                   "class names")
+        return self
+
+    def describe(self) -> str:
+        labels = f"y {self.y.dtype}{list(self.y.shape)}"
+        if self.y.dtype.kind in "iu":
+            labels += f", {len(np.unique(self.y))} classes"
+            if self.classes:
+                shown = ", ".join(self.classes[:5]) + (", ..." if len(self.classes) > 5 else "")
+                labels += f" ({shown})"
+        return f"{len(self)} examples: x {self.x.dtype}{list(self.x.shape)}, {labels}"
+
+
+def save_dataset(dataset: Dataset, path: str | os.PathLike) -> None:
+    """Validate ``dataset`` and write it atomically to ``path`` (.npz)."""
+    dataset.validate(f"dataset for {os.fspath(path)}")
+    arrays = {"x": dataset.x, "y": dataset.y}
+    if dataset.classes is not None:
+        arrays["classes"] = np.asarray(dataset.classes, dtype=np.str_)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"cannot write {os.fspath(path)}: the folder {folder} does not exist")
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def load_dataset(path: str | os.PathLike) -> Dataset:
+    """Read and validate a dataset file (see the module docstring); every defect is a DatasetError."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DatasetError(f"data file not found: {path}")
+    if os.path.isdir(path):
+        raise DatasetError(f"{path} is a folder; expected a .npz dataset file (convert the folder with "
+                           f"`onnxtrain data {path} -o data.npz`)")
+    if not zipfile.is_zipfile(path):
+        hint = "" if path.endswith(".npz") else f" (convert it with `onnxtrain data {path} -o data.npz`)"
+        raise DatasetError(f"{path} is not a .npz dataset file{hint}")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            keys = list(npz.files)
+            missing = [k for k in ("x", "y") if k not in keys]
+            if missing:
+                raise DatasetError(f"{path} has no array {missing[0]!r} (its arrays: {keys}); an onnxtrain dataset "
+                                   "holds arrays 'x' (inputs) and 'y' (labels)")
+            x, y = npz["x"], npz["y"]
+            classes = [str(c) for c in npz["classes"]] if "classes" in keys else None
+    except DatasetError:
+        raise
+    except ValueError as exc:
+        if "pickle" in str(exc):
+            raise DatasetError(f"{path} holds pickled Python objects, which onnxtrain does not load; store "
+                               "numeric arrays only") from None
+        raise DatasetError(f"{path} is not a readable .npz file: {exc}") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise DatasetError(f"{path} is corrupt or truncated: {exc}") from None
+    return Dataset(x, y, classes).validate(path)

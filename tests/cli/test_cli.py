@@ -1,0 +1,301 @@
+"""The ``onnxtrain`` command through its real entry point (a subprocess), good and bad input alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.cli.conftest import assert_one_line_error, hide_modules, run_cli
+
+
+def _records(path) -> list[dict]:
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+def _epochs(path) -> list[dict]:
+    return [r for r in _records(path) if "epoch" in r and "train_loss" in r]
+
+
+# -- happy paths --------------------------------------------------------------------------------------------------
+def test_help_version_and_console_script():
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    for command in ("generate", "train", "eval", "export", "info", "data", "ops", "demo"):
+        assert command in proc.stdout
+    assert run_cli("--version").stdout.startswith("onnxtrain ")
+    script = shutil.which("onnxtrain", path=os.path.dirname(sys.executable))
+    if script is None:
+        pytest.skip("the onnxtrain console script is not installed (pip install -e .)")
+    proc = subprocess.run([script, "train", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "--resume" in proc.stdout
+
+
+def test_generate_stores_config_and_info_reports_it(workdir):
+    info = json.loads(run_cli("info", workdir / "arts", "--json").stdout)
+    assert info["train_config"] == {"epochs": 2, "lr": 3e-3, "batch_size": 32}
+    assert info["inputs"] == [{"name": "image", "dtype": "float32", "shape": ["batch", 1, 8, 8]}]
+    assert info["labels"][0]["dtype"] == "int64"
+    assert info["additional_outputs"][0]["name"] == "logits"  # predictions for accuracy, by default
+    assert info["trainable"]["elements"] == 13706 and info["frozen"]["count"] == 0
+    assert info["optimizer"]["type"] == "AdamW" and info["opsets"] == {"ai.onnx": 17}
+    text = run_cli("info", workdir / "arts").stdout
+    assert "train config: epochs=2" in text and "13,706" in text
+
+
+def test_generate_parameter_selection(workdir, tmp_path):
+    out = tmp_path / "head"
+    proc = run_cli("generate", workdir / "cnn.onnx", "-o", out, "--loss", "CrossEntropyLoss", "--trainable-ops", "3",
+                   "--optimizer", "sgd", "--momentum", "0.9", "--nesterov")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(run_cli("info", out, "--json").stdout)
+    assert list(info["trainable"]["tensors"]) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert info["optimizer"]["config"]["momentum"] == 0.9
+    out2 = tmp_path / "glob"
+    proc = run_cli("generate", workdir / "cnn.onnx", "-o", out2, "--loss", "ce", "--requires-grad", "conv*",
+                   "--frozen", "fc1.*", "--additional-outputs", "--nominal")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(run_cli("info", out2, "--json").stdout)
+    assert list(info["trainable"]["tensors"]) == ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias"]
+    assert info["additional_outputs"] == [] and info["checkpoint"]["nominal"]
+
+
+def test_train_eval_export(workdir, arts):
+    proc = run_cli("train", arts, "--data", workdir / "train.npz", "--val", workdir / "val.npz", "--progress", "plain")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("training ") and "metrics: accuracy" in lines[0]
+    assert [ln.split()[1] for ln in lines if ln.startswith("epoch ")] == ["1/2", "2/2"]  # epochs=2 from the artifacts
+    assert "val loss" in lines[1] and "ex/s" in lines[1]
+    run = arts / "run"
+    assert (run / "last.ckpt").is_file() and (run / "best.ckpt").is_file()
+    records = _epochs(run / "metrics.jsonl")
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert {"train_loss", "val_loss", "train_accuracy", "val_accuracy", "lr", "examples_per_second"} <= set(records[0])
+    assert records[1]["train_loss"] < records[0]["train_loss"]
+    assert (run / "training_curve.png").is_file() == ("plot:        " + str(run / "training_curve.png") in proc.stdout)
+
+    proc = run_cli("eval", arts, "--data", workdir / "val.npz", "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["examples"] == 80 and result["checkpoint"].endswith("last.ckpt")
+    assert result["accuracy"] == pytest.approx(records[-1]["val_accuracy"])
+
+    model = arts / "model.onnx"
+    proc = run_cli("export", arts, "-o", model)
+    assert proc.returncode == 0, proc.stderr
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    data = np.load(workdir / "val.npz")
+    logits = session.run(None, {"image": data["x"]})[0]
+    assert np.mean(logits.argmax(1) == data["y"]) == pytest.approx(result["accuracy"])
+
+
+def test_command_line_overrides_stored_options_and_val_split(workdir, arts, tmp_path):
+    log = tmp_path / "log.jsonl"
+    proc = run_cli("train", arts, "--data", workdir / "train.npz", "--epochs", "1", "--val-split", "0.25",
+                   "--scheduler", "cosine", "--metrics", "accuracy,top5_accuracy", "--log", log)
+    assert proc.returncode == 0, proc.stderr
+    start, *epochs = _records(log)
+    assert start["options"]["epochs"] == 1 and start["options"]["lr"] == 3e-3  # lr still from the artifacts
+    assert start["train_examples"] == 240 and start["val_examples"] == 80
+    assert len(epochs) == 1 and "val_top5_accuracy" in epochs[0]
+
+
+def test_resume_needs_flags_and_continues(workdir, arts):
+    assert run_cli("train", arts, "--data", workdir / "train.npz", "--epochs", "1").returncode == 0
+    assert_one_line_error(run_cli("train", arts, "--data", workdir / "train.npz"), "--resume", "--restart")
+    assert_one_line_error(run_cli("train", arts, "--data", workdir / "train.npz", "--resume", "--epochs", "1"),
+                          "already finished 1 epochs")
+    proc = run_cli("train", arts, "--data", workdir / "train.npz", "--resume", "--epochs", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert [ln.split()[1] for ln in proc.stdout.splitlines() if ln.startswith("epoch ")] == ["2/3", "3/3"]
+    assert [r["epoch"] for r in _epochs(arts / "run" / "metrics.jsonl")] == [1, 2, 3]
+    info = json.loads(run_cli("info", arts, "--json").stdout)
+    assert info["run"]["last"]["progress"]["epoch"] == 3
+    assert info["run"]["last"]["progress"]["global_step"] == 30  # 10 batches of 32 per epoch
+
+
+def test_ctrl_c_saves_then_resume_finishes(workdir, arts):
+    cmd = [sys.executable, "-m", "onnxtrain.cli", "train", str(arts), "--data", str(workdir / "train.npz"),
+           "--epochs", "100", "--batch-size", "2", "--progress", "none"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("epoch 1/100"):
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "stopping after this step" in err
+    assert "interrupted " in out and "continue with --resume" in out
+    progress = json.loads(run_cli("info", arts, "--json").stdout)["run"]["last"]["progress"]
+    done = progress["epoch"]
+    assert done >= 1 and progress["global_step"] == 160 * done + progress["batch"]
+    proc = run_cli("train", arts, "--data", workdir / "train.npz", "--resume", "--epochs", done + 1,
+                   "--batch-size", "2")
+    assert proc.returncode == 0, proc.stderr
+    final = json.loads(run_cli("info", arts, "--json").stdout)["run"]["last"]["progress"]
+    assert final["epoch"] == done + 1 and final["global_step"] == 160 * (done + 1)
+
+
+def test_nan_loss_stops_with_a_clear_message(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
+        initializer=[numpy_helper.from_array(np.ones((1, 4), np.float32), "w"),
+                     numpy_helper.from_array(np.zeros(1, np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "linear.onnx")
+    x = np.random.default_rng(0).normal(size=(256, 4)).astype(np.float32) * 10
+    np.savez(tmp_path / "reg.npz", x=x, y=x @ np.arange(1, 5, dtype=np.float32))  # y [N] is reshaped to [N, 1]
+    assert run_cli("generate", tmp_path / "linear.onnx", "-o", tmp_path / "a", "--loss", "mse", "--optimizer", "sgd",
+                   ).returncode == 0
+    proc = run_cli("train", tmp_path / "a", "--data", tmp_path / "reg.npz", "--lr", "1000", "--epochs", "3")
+    assert_one_line_error(proc, "training stopped in epoch 1", "not finite", "--lr")
+    assert _records(tmp_path / "a" / "run" / "metrics.jsonl")[-1]["event"] == "nonfinite"
+    proc = run_cli("train", tmp_path / "a", "--data", tmp_path / "reg.npz", "--lr", "1e-3", "--epochs", "2",
+                   "--metrics", "mae", "--restart")
+    assert proc.returncode == 0 and "mae" in proc.stdout
+
+
+def test_progress_falls_back_without_tqdm_and_plot_without_matplotlib(workdir, arts, tmp_path):
+    hidden = hide_modules(tmp_path / "hidden", "tqdm", "matplotlib")
+    proc = run_cli("train", arts, "--data", workdir / "train.npz", "--epochs", "1", "--progress", "bar",
+                   env_path=hidden)
+    assert proc.returncode == 0, proc.stderr
+    assert "tqdm is not installed" in proc.stderr
+    assert "not written: matplotlib is not installed" in proc.stdout
+    assert not (arts / "run" / "training_curve.png").exists()
+
+
+def test_ops_prints_the_table_or_one_line():
+    proc = run_cli("ops", "Conv", "Relu")
+    try:
+        import onnxtrain.autodiff.coverage  # noqa: F401
+    except ImportError:
+        assert_one_line_error(proc, "coverage")
+        return
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:3] == ["op", "version", "status"]
+    assert [ln.split()[0] for ln in lines[1:]] == ["Conv", "Relu"] and all(" rule " in ln for ln in lines[1:])
+    assert_one_line_error(run_cli("ops", "NotAnOp"), "'NotAnOp'")
+
+
+# -- bad input: one line on stderr, non-zero exit, never a traceback -------------------------------------------------
+def _write_bad_files(workdir, folder):
+    rng = np.random.default_rng(0)
+    np.savez(folder / "flat.npz", x=rng.random((20, 64), dtype=np.float32), y=np.arange(20) % 10)
+    np.savez(folder / "labels.npz", x=rng.random((20, 1, 8, 8), dtype=np.float32), y=np.arange(20))
+    np.savez(folder / "bytes.npz", x=rng.integers(0, 255, (20, 1, 8, 8), dtype=np.uint8), y=np.arange(20) % 10)
+    np.savez(folder / "keys.npz", a=np.zeros(3))
+    np.savez(folder / "pickled.npz", x=np.array([{"a": 1}], dtype=object), y=np.zeros(1))
+    (folder / "junk.npz").write_bytes(b"not a zip")
+    ckpt = bytearray((workdir / "arts" / "checkpoint").read_bytes())
+    (folder / "truncated.ckpt").write_bytes(bytes(ckpt[:500]))
+    ckpt[-50] ^= 0xFF
+    (folder / "flipped.ckpt").write_bytes(bytes(ckpt))
+
+
+BAD_INPUT = {
+    "missing data file": (["train", "{arts}", "--data", "{tmp}/missing.npz"], ["data file not found"]),
+    "missing artifact folder": (["train", "{tmp}/nowhere", "--data", "{work}/train.npz"], ["not found"]),
+    "not an artifact folder": (["eval", "{tmp}", "--data", "{work}/train.npz"], ["not an onnxtrain artifact folder"]),
+    "shapes do not match": (["train", "{arts}", "--data", "{tmp}/flat.npz"], ["[20, 64]", "[N, 1, 8, 8]", "--shape"]),
+    "labels out of range": (["train", "{arts}", "--data", "{tmp}/labels.npz"], ["label 10", "[0, 9]"]),
+    "labels out of range in eval": (["eval", "{arts}", "--data", "{tmp}/labels.npz"], ["label 10"]),
+    "uint8 inputs": (["train", "{arts}", "--data", "{tmp}/bytes.npz"], ["uint8", "--scale 255"]),
+    "npz without x": (["eval", "{arts}", "--data", "{tmp}/keys.npz"], ["no array 'x'"]),
+    "pickled npz": (["eval", "{arts}", "--data", "{tmp}/pickled.npz"], ["pickled"]),
+    "not a zip": (["eval", "{arts}", "--data", "{tmp}/junk.npz"], ["not a .npz"]),
+    "corrupt checkpoint": (["eval", "{arts}", "--data", "{work}/val.npz", "--checkpoint", "{tmp}/flipped.ckpt"],
+                           ["corrupt or was altered"]),
+    "truncated checkpoint": (["export", "{arts}", "-o", "{tmp}/m.onnx", "--checkpoint", "{tmp}/truncated.ckpt"],
+                             ["truncated"]),
+    "no checkpoint yet": (["eval", "{arts}", "--data", "{work}/val.npz", "--checkpoint", "best"], ["no best"]),
+    "missing model": (["generate", "{tmp}/missing.onnx", "-o", "{tmp}/o", "--loss", "mse"], ["model not found"]),
+    "model is not onnx": (["generate", "{tmp}/junk.npz", "-o", "{tmp}/o", "--loss", "mse"], ["not a valid ONNX"]),
+    "unknown parameter": (["generate", "{work}/cnn.onnx", "-o", "{tmp}/o", "--loss", "mse", "--requires-grad", "nope"],
+                          ["'nope'"]),
+    "option for another optimizer": (["generate", "{work}/cnn.onnx", "-o", "{tmp}/o", "--loss", "ce", "--momentum",
+                                      "0.9"], ["--momentum applies to --optimizer sgd"]),
+    "unknown loss": (["generate", "{work}/cnn.onnx", "-o", "{tmp}/o", "--loss", "hinge"], ["unknown loss 'hinge'"]),
+    "unknown scheduler": (["train", "{arts}", "--data", "{work}/train.npz", "--scheduler", "exp"], ["invalid choice"]),
+    "unknown metric": (["train", "{arts}", "--data", "{work}/train.npz", "--metrics", "f1"], ["--metrics"]),
+    "bad epochs": (["train", "{arts}", "--data", "{work}/train.npz", "--epochs", "0"], ["--epochs"]),
+    "missing required option": (["train", "{arts}"], ["--data"]),
+    "unknown command": (["fly"], ["invalid choice"]),
+    "resume without a run": (["train", "{arts}", "--data", "{work}/train.npz", "--resume"], ["nothing to resume"]),
+    "val and val-split": (["train", "{arts}", "--data", "{work}/train.npz", "--val", "{work}/val.npz", "--val-split",
+                           "0.1"], ["either --val or --val-split"]),
+    "unknown export output": (["export", "{arts}", "-o", "{tmp}/m.onnx", "--outputs", "nope"], ["nope"]),
+    "info on nothing": (["info", "{tmp}/nothing"], ["not found"]),
+}
+
+
+# the issue's list, through a real process; the rest in-process (same code, without the start-up cost)
+THROUGH_A_PROCESS = ["missing data file", "shapes do not match", "labels out of range", "corrupt checkpoint",
+                     "truncated checkpoint", "unknown scheduler", "missing model"]
+
+
+@pytest.mark.parametrize("case", THROUGH_A_PROCESS)
+def test_bad_input_is_one_line(case, workdir, arts, tmp_path):
+    _write_bad_files(workdir, tmp_path)
+    args, fragments = BAD_INPUT[case]
+    args = [a.format(arts=arts, tmp=tmp_path, work=workdir) for a in args]
+    assert_one_line_error(run_cli(*args), *fragments)
+
+
+@pytest.mark.parametrize("case", [c for c in BAD_INPUT if c not in THROUGH_A_PROCESS])
+def test_bad_input_is_one_line_in_process(case, workdir, arts, tmp_path, capsys):
+    from onnxtrain.cli.main import main
+
+    _write_bad_files(workdir, tmp_path)
+    args, fragments = BAD_INPUT[case]
+    try:
+        code = main([a.format(arts=arts, tmp=tmp_path, work=workdir) for a in args])
+    except SystemExit as exit:  # argparse errors
+        code = exit.code
+    captured = capsys.readouterr()
+    assert_one_line_error(subprocess.CompletedProcess([], code, captured.out, captured.err), *fragments)
+
+
+def test_corrupt_last_checkpoint_on_resume(workdir, arts):
+    assert run_cli("train", arts, "--data", workdir / "train.npz", "--epochs", "1").returncode == 0
+    last = arts / "run" / "last.ckpt"
+    data = bytearray(last.read_bytes())
+    data[-10] ^= 0xFF
+    last.write_bytes(bytes(data))
+    proc = run_cli("train", arts, "--data", workdir / "train.npz", "--resume", "--epochs", "2")
+    assert_one_line_error(proc, "last.ckpt", "corrupt")
+    assert proc.stdout == ""
+
+
+def test_debug_shows_the_traceback(workdir, arts):
+    proc = run_cli("--debug", "eval", arts, "--data", workdir / "missing.npz")
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_unexpected_errors_are_one_line_too(monkeypatch, capsys):
+    from onnxtrain.cli import info, main
+
+    def broken(args):
+        raise AttributeError("a bug")
+
+    monkeypatch.setattr(info, "run", broken)
+    assert main.main(["info", "x"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("onnxtrain: error: internal error (AttributeError") and len(err.splitlines()) == 1

@@ -1,0 +1,105 @@
+"""onnxtrain.runtime.loop: batching, metrics, train_epoch / evaluate on the demo CNN."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxtrain.api import CheckpointState, Module, Optimizer
+from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
+from onnxtrain.demo.model import build_cnn
+from onnxtrain.errors import NonFiniteError
+from onnxtrain.runtime import loop
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("loop")
+    generate_artifacts(build_cnn(0), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=folder, additional_output_names=["logits"])
+    return folder
+
+
+def _module(folder):
+    state = CheckpointState.load_checkpoint(folder / "checkpoint")
+    module = Module(folder / "training_model.onnx", state, folder / "eval_model.onnx")
+    optimizer = Optimizer(folder / "optimizer_model.onnx", module)
+    optimizer.set_learning_rate(3e-3)
+    return module, optimizer
+
+
+def _digits(n=200):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return (d.images[:n] / 16).astype(np.float32)[:, None], d.target[:n].astype(np.int64)
+
+
+def test_batches_cover_every_example_and_resume_exactly():
+    x, y = np.arange(10)[:, None], np.arange(10)
+    full = list(loop.batches(x, y, 3, shuffle=True, seed=1, epoch=2))
+    assert [len(b[1]) for b in full] == [3, 3, 3, 1]
+    assert sorted(np.concatenate([b[1] for b in full])) == list(range(10))
+    resumed = list(loop.batches(x, y, 3, shuffle=True, seed=1, epoch=2, skip=2))
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(full[2:], resumed))
+    other_epoch = np.concatenate([b[1] for b in loop.batches(x, y, 3, shuffle=True, seed=1, epoch=3)])
+    assert not np.array_equal(other_epoch, np.concatenate([b[1] for b in full]))
+    assert [len(b[1]) for b in loop.batches(x, y, 3, drop_last=True)] == [3, 3, 3]
+    assert loop.num_batches(10, 3) == 4 and loop.num_batches(10, 3, drop_last=True) == 3
+    with pytest.raises(ValueError):
+        list(loop.batches(x, y[:5], 3))
+
+
+@pytest.mark.parametrize("name, pred, y, expected", [
+    ("accuracy", [[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]], [1, 1, 1], 2 / 3),
+    ("top5_accuracy", [[0.0, 1, 2, 3, 4, 5]], [0], 0.0),
+    ("top5_accuracy", [[0.0, 1, 2, 3, 4, 5]], [1], 1.0),
+    ("binary_accuracy", [[2.0], [-1.0]], [[1.0], [1.0]], 0.5),
+    ("mse", [[1.0], [3.0]], [[0.0], [1.0]], 2.5),
+    ("mae", [[1.0], [3.0]], [[0.0], [1.0]], 1.5),
+])
+def test_metrics(name, pred, y, expected):
+    total, count = loop.METRICS[name](np.asarray(pred), np.asarray(y))
+    assert total / count == pytest.approx(expected)
+
+
+def test_check_metrics():
+    assert loop.check_metrics(["accuracy"], "logits") == ["accuracy"]
+    with pytest.raises(ValueError, match="unknown metric 'f1'"):
+        loop.check_metrics(["f1"], "logits")
+    with pytest.raises(ValueError, match="additional_output_names"):
+        loop.check_metrics(["accuracy"], None)
+
+
+def test_train_epoch_learns_and_evaluate_matches_predict(cnn):
+    module, optimizer = _module(cnn)
+    x, y = _digits()
+    before = loop.evaluate(module, loop.batches(x, y, 64), metrics=["accuracy"])
+    steps = []
+    for epoch in range(3):
+        result = loop.train_epoch(module, optimizer, loop.batches(x, y, 32, shuffle=True, epoch=epoch),
+                                  metrics=["accuracy"], on_step=lambda n, loss: steps.append(n))
+        assert result.num_examples == 200 and result.steps == 7 and not result.stopped
+    after = loop.evaluate(module, loop.batches(x, y, 64), metrics=["accuracy"])
+    assert after.loss < before.loss and after.metrics["accuracy"] > before.metrics["accuracy"] + 0.3
+    assert sum(steps) == 600
+    pred = loop.predict(module, x, y, batch_size=64)  # batches of 64, 64, 64, 8: outputs must not alias
+    assert pred.shape == (200, 10)
+    assert np.mean(pred.argmax(1) == y) == pytest.approx(after.metrics["accuracy"])
+
+
+def test_should_stop_and_totals_continue_an_epoch(cnn):
+    module, optimizer = _module(cnn)
+    x, y = _digits(96)
+    first = loop.train_epoch(module, optimizer, loop.batches(x, y, 32), should_stop=lambda: True)
+    assert first.stopped and first.steps == 1
+    rest = loop.train_epoch(module, optimizer, loop.batches(x, y, 32, skip=1), totals=first.totals)
+    assert rest.steps == 3 and rest.num_examples == 96
+
+
+def test_nonfinite_loss_raises(cnn):
+    module, optimizer = _module(cnn)
+    x, y = _digits(32)
+    x[0, 0, 0, 0] = np.nan
+    with pytest.raises(NonFiniteError):
+        loop.train_epoch(module, optimizer, loop.batches(x, y, 32))

@@ -1,0 +1,223 @@
+"""onnxtrain.data: the dataset file, the converters (npy, npz, CSV, image folders) and the fit to a model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxtrain.data import (
+    Dataset,
+    DatasetError,
+    data_spec,
+    fit_dataset,
+    load_dataset,
+    read_any,
+    read_csv,
+    read_image_folder,
+    reshape,
+    save_dataset,
+)
+
+
+# -- the dataset file -----------------------------------------------------------------------------------------------
+def test_roundtrip_with_classes(tmp_path):
+    ds = Dataset(np.random.rand(5, 3).astype(np.float32), np.array([0, 1, 2, 1, 0]), ["a", "b", "c"])
+    save_dataset(ds, tmp_path / "d.npz")
+    back = load_dataset(tmp_path / "d.npz")
+    assert np.array_equal(back.x, ds.x) and np.array_equal(back.y, ds.y) and back.classes == ["a", "b", "c"]
+    assert "5 examples" in back.describe() and "3 classes (a, b, c)" in back.describe()
+    with np.load(tmp_path / "d.npz", allow_pickle=False) as npz:  # plain numpy reads it
+        assert sorted(npz.files) == ["classes", "x", "y"]
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"x": np.zeros((3, 2)), "y": np.zeros(2)}, "x has 3 examples but y has 2"),
+    ({"x": np.zeros((0, 2)), "y": np.zeros(0)}, "holds no examples"),
+    ({"x": np.array([[1.0, np.nan]]), "y": np.zeros(1)}, "NaN or infinite"),
+    ({"x": np.array(["a", "b"]), "y": np.zeros(2)}, "expected numbers"),
+    ({"x": np.zeros((2, 2)), "y": np.array([0, 5]), "classes": np.array(["a", "b"])}, "2 class names"),
+    ({"x": np.zeros((2, 2))}, "no array 'y'"),
+    ({"x": np.array([{"a": 1}], dtype=object), "y": np.zeros(1)}, "pickled"),
+])
+def test_bad_dataset_files(tmp_path, arrays, message):
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(DatasetError, match=message):
+        load_dataset(tmp_path / "bad.npz")
+
+
+def test_missing_folder_and_non_zip(tmp_path):
+    with pytest.raises(DatasetError, match="not found"):
+        load_dataset(tmp_path / "nope.npz")
+    with pytest.raises(DatasetError, match="is a folder"):
+        load_dataset(tmp_path)
+    (tmp_path / "t.csv").write_text("1,2\n")
+    with pytest.raises(DatasetError, match="onnxtrain data"):
+        load_dataset(tmp_path / "t.csv")
+    zipped = tmp_path / "cut.npz"
+    np.savez(zipped, x=np.zeros((100, 10)), y=np.zeros(100))
+    zipped.write_bytes(zipped.read_bytes()[:-200])
+    with pytest.raises(DatasetError):
+        load_dataset(zipped)
+
+
+# -- CSV -----------------------------------------------------------------------------------------------------------
+def _csv(tmp_path, text, name="d.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_csv_header_text_labels_and_index_labels(tmp_path):
+    ds = read_csv(_csv(tmp_path, "a,b,kind\n1,2,cat\n3,4,dog\n5,6,cat\n"))
+    assert ds.x.tolist() == [[1, 2], [3, 4], [5, 6]] and ds.y.tolist() == [0, 1, 0] and ds.classes == ["cat", "dog"]
+    ds = read_csv(_csv(tmp_path, "0;1.5;2\n1;2.5;0\n"), label_column=0)  # no header, ';', label first
+    assert ds.y.dtype == np.int64 and ds.y.tolist() == [0, 1] and ds.x.tolist() == [[1.5, 2], [2.5, 0]]
+    ds = read_csv(_csv(tmp_path, "x1,x2,target\n1,2,0.5\n3,4,1.25\n"), label_column="target")
+    assert ds.y.dtype == np.float32 and ds.classes is None
+    ds = read_csv(_csv(tmp_path, "1\t2\t3\n4\t5\t6\n", "d.tsv"))
+    assert ds.x.shape == (2, 2)
+
+
+@pytest.mark.parametrize("text, kwargs, message", [
+    ("a,b,c\n1,2,0\n3,x,1\n", {}, "line 3, column 'b': 'x' is not a number"),
+    ("a,b,c\n1,2,0\n3,1\n", {}, "line 3: 2 fields"),
+    ("a,b\n1,0\n", {"label_column": "z"}, "no column 'z'"),
+    ("1,0\n", {"label_column": 5}, "out of range"),
+    ("a\n1\n2\n", {}, "single column"),
+    ("a,b\n", {}, "no data rows"),
+    ("\n\n", {}, "is empty"),
+])
+def test_bad_csv(tmp_path, text, kwargs, message):
+    with pytest.raises(DatasetError, match=message):
+        read_csv(_csv(tmp_path, text), **kwargs)
+
+
+# -- npy / npz -------------------------------------------------------------------------------------------------------
+def test_npy_npz_and_unknown_files(tmp_path):
+    np.save(tmp_path / "x.npy", np.ones((4, 2)))
+    np.save(tmp_path / "y.npy", np.arange(4))
+    ds = read_any(str(tmp_path / "x.npy"), labels=str(tmp_path / "y.npy"))
+    assert ds.x.shape == (4, 2) and ds.y.tolist() == [0, 1, 2, 3]
+    with pytest.raises(DatasetError, match="--labels"):
+        read_any(str(tmp_path / "x.npy"))
+    (tmp_path / "fake.npy").write_bytes(b"hello")
+    with pytest.raises(DatasetError, match="not a .npy file"):
+        read_any(str(tmp_path / "fake.npy"), labels=str(tmp_path / "y.npy"))
+    np.savez(tmp_path / "d.npz", images=np.ones((4, 2)), labels=np.arange(4))
+    with pytest.raises(DatasetError, match="--x-key"):
+        read_any(str(tmp_path / "d.npz"))
+    assert read_any(str(tmp_path / "d.npz"), x_key="images", y_key="labels").x.shape == (4, 2)
+    (tmp_path / "d.bin").write_bytes(b"")
+    with pytest.raises(DatasetError, match="unknown file type"):
+        read_any(str(tmp_path / "d.bin"))
+    with pytest.raises(DatasetError, match="cannot reshape"):
+        reshape(ds, (3,))
+    assert reshape(ds, (1, 2, 1)).x.shape == (4, 1, 2, 1)
+
+
+# -- image folders --------------------------------------------------------------------------------------------------
+def _images(root, sizes, mode="L"):
+    Image = pytest.importorskip("PIL.Image")
+    for label, size in sizes.items():
+        os.makedirs(root / label, exist_ok=True)
+        for i in range(2):
+            Image.new(mode, size, color=(i * 100) if mode == "L" else (i * 100, 0, 0)).save(root / label / f"{i}.png")
+    return str(root)
+
+
+def test_image_folder(tmp_path):
+    ds = read_image_folder(_images(tmp_path / "g", {"cat": (6, 4), "dog": (6, 4)}))
+    assert ds.x.shape == (4, 1, 4, 6) and ds.x.dtype == np.float32 and ds.classes == ["cat", "dog"]
+    assert ds.y.tolist() == [0, 0, 1, 1] and ds.x.max() == pytest.approx(100 / 255)
+    ds = read_image_folder(_images(tmp_path / "c", {"a": (5, 5), "b": (7, 3)}, "RGB"), size=(4, 4))
+    assert ds.x.shape == (4, 3, 4, 4)
+    assert read_image_folder(str(tmp_path / "g"), color="rgb").x.shape[1] == 3
+
+
+def test_bad_image_folders(tmp_path):
+    with pytest.raises(DatasetError, match="images differ in size.*--image-size"):
+        read_image_folder(_images(tmp_path / "s", {"a": (5, 5), "b": (7, 3)}))
+    (tmp_path / "s" / "b" / "notes.txt").write_text("hi")
+    with pytest.raises(DatasetError, match="notes.txt as an image"):
+        read_image_folder(str(tmp_path / "s"), size=(4, 4))
+    os.makedirs(tmp_path / "e" / "empty")
+    with pytest.raises(DatasetError, match="holds no images"):
+        read_image_folder(str(tmp_path / "e"))
+    os.makedirs(tmp_path / "flat")
+    with pytest.raises(DatasetError, match="no sub-folders"):
+        read_image_folder(str(tmp_path / "flat"))
+
+
+def test_image_folder_without_pillow(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    with pytest.raises(DatasetError, match="needs Pillow"):
+        read_image_folder(str(tmp_path))
+
+
+# -- fitting a dataset to a model -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cnn_spec(tmp_path_factory):
+    from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
+    from onnxtrain.blocks import CrossEntropyLoss
+    from onnxtrain.demo.model import build_cnn
+
+    folder = tmp_path_factory.mktemp("spec")
+    generate_artifacts(build_cnn(0), loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD,
+                       artifact_directory=folder / "a", additional_output_names=["logits"])
+    generate_artifacts(build_cnn(0), loss=CrossEntropyLoss(ignore_index=-1), artifact_directory=folder / "b")
+    return tuple(data_spec(onnx.load(folder / name / "eval_model.onnx")) for name in ("a", "b"))
+
+
+def test_data_spec(cnn_spec):
+    spec, ignoring = cnn_spec
+    assert spec.input.name == "image" and spec.label.dtype == np.int64
+    assert spec.num_classes == 10 and spec.predictions == "logits" and spec.ignore_index is None
+    assert ignoring.ignore_index == -1 and ignoring.predictions is None
+
+
+def test_fit_casts_and_reshapes(cnn_spec):
+    spec, ignoring = cnn_spec
+    x, y = fit_dataset(Dataset(np.zeros((3, 8, 8)), np.array([0.0, 9.0, 1.0])), spec, "d")
+    assert x.shape == (3, 1, 8, 8) and x.dtype == np.float32 and y.dtype == np.int64
+    _, y = fit_dataset(Dataset(np.zeros((2, 1, 8, 8), np.float32), np.array([-1, 3])), ignoring, "d")
+    assert y.tolist() == [-1, 3]  # the ignore_index is a valid label
+
+
+@pytest.mark.parametrize("x, y, message", [
+    (np.zeros((2, 64), np.float32), np.array([0, 1]), r"\[2, 64\].*\[N, 1, 8, 8\].*--shape 1,8,8"),
+    (np.zeros((2, 1, 8, 8), np.uint8), np.array([0, 1]), "uint8.*--scale 255"),
+    (np.zeros((2, 1, 8, 8), np.float32), np.array([0, 10]), r"label 10 \(example 1\).*\[0, 9\]"),
+    (np.zeros((2, 1, 8, 8), np.float32), np.array([-1, 0]), "label -1"),
+    (np.zeros((2, 1, 8, 8), np.float32), np.array([0.5, 1.0]), "fractional"),
+])
+def test_fit_errors(cnn_spec, x, y, message):
+    with pytest.raises(DatasetError, match=message):
+        fit_dataset(Dataset(x, y), cnn_spec[0], "d")
+
+
+# -- the command --------------------------------------------------------------------------------------------------
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "onnxtrain.cli", "data", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True)
+
+
+def test_data_command(tmp_path):
+    _csv(tmp_path, "a,b,c,d,label\n" + "".join(f"{i},{i},{i},{i},{i % 2}\n" for i in range(6)))
+    proc = _cli("d.csv", "-o", "d.npz", "--shape", "1,2,2", "--scale", "2", "--num-classes", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    ds = load_dataset(tmp_path / "d.npz")
+    assert ds.x.shape == (6, 1, 2, 2) and ds.x[2].max() == 1.0 and ds.y.tolist() == [0, 1, 0, 1, 0, 1]
+    for args, message in ((["d.csv", "-o", "e.npz", "--num-classes", "1"], "out of range for --num-classes 1"),
+                          (["d.csv", "-o", "e.npz", "--shape", "3"], "cannot reshape"),
+                          (["d.csv", "-o", "e.npz", "--shape", "a,b"], "comma-separated integers"),
+                          (["missing.csv", "-o", "e.npz"], "file not found"),
+                          (["d.csv", "-o", "nodir/e.npz"], "does not exist")):
+        proc = _cli(*args, cwd=tmp_path)
+        err = proc.stderr.strip()
+        assert proc.returncode != 0 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert err.startswith("onnxtrain: error: ") and message in err, err
