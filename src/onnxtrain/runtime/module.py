@@ -12,6 +12,7 @@ import onnx
 from onnxtrain import conventions as names
 from onnxtrain.errors import NonFiniteError
 from onnxtrain.runtime.backends import open_session
+from onnxtrain.runtime.backends.base import graph_io
 from onnxtrain.runtime.inputs import check_inputs
 from onnxtrain.runtime.state import CheckpointState
 from onnxtrain.runtime.variants import specialize_accumulation
@@ -80,7 +81,7 @@ class Module:
         self._meta = training_metadata(train_model, "training model")
         self._check_state_matches()
         self._train_model = train_model
-        self._train = open_session(train_model, device, session_options)
+        self._train_outputs = graph_io(train_model.graph.output)
         # The same graph with the reset flag decided in advance (see variants.py); built on first use.
         self._variants: dict[bool, object] = {}
         self._eval_model = None
@@ -89,9 +90,9 @@ class Module:
             self._eval_model = load_model(eval_model_uri, "eval model")
             self._eval = open_session(self._eval_model, device, session_options)
         n_user = len(self._meta["user_inputs"]) + len(self._meta["labels"])
-        self._train_inputs = self._train.inputs[:n_user]
+        self._train_inputs = graph_io(train_model.graph.input)[:n_user]
         self._eval_inputs = self._eval.inputs[:n_user] if self._eval else None
-        self._loss = np.zeros((), dtype=self._train.outputs[0].dtype)
+        self._loss = np.zeros((), dtype=self._train_outputs[0].dtype)
         self._reset = np.array(True)
         self._reset_pending = True
         self._buffer_spare = {n: np.empty_like(a) for n, a in state._buffers.items()}
@@ -130,7 +131,7 @@ class Module:
 
     def output_names(self) -> list[str]:
         if self.training:
-            return [m.name for m in self._train.outputs[:1 + len(self._meta["additional_outputs"])]]
+            return [m.name for m in self._train_outputs[:1 + len(self._meta["additional_outputs"])]]
         return [m.name for m in self._eval.outputs] if self._eval else []
 
     def __call__(self, *user_inputs):
@@ -153,7 +154,7 @@ class Module:
         feeds.update({names.grad_buffer_name(p): g for p, g in st._grads.views().items()})
         self._reset[...] = self._reset_pending
         feeds[names.LAZY_RESET_GRAD] = self._reset
-        out = {self._train.outputs[0].name: self._loss}
+        out = {self._train_outputs[0].name: self._loss}
         out.update({names.grad_output_name(p): g for p, g in st._grads.spare_views().items()})
         out.update({names.buffer_output_name(b): self._buffer_spare[b] for b in st._buffers})
         extras = self._session_for(self._reset_pending).run(feeds, out, list(self._meta["additional_outputs"]))
@@ -165,10 +166,11 @@ class Module:
         return [self._loss.copy(), *extras]
 
     def _session_for(self, reset: bool):
+        """The training session for this value of the reset flag, created on first use (each session holds
+        its own memory plan, so only the ones a training loop needs exist)."""
         if reset not in self._variants:
             variant = specialize_accumulation(self._train_model, self._meta["trainable"], reset)
-            self._variants[reset] = (self._train if variant is None else
-                                     open_session(variant, self._device, self._session_options))
+            self._variants[reset] = open_session(variant or self._train_model, self._device, self._session_options)
         return self._variants[reset]
 
     def _check_loss(self) -> None:
