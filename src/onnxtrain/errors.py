@@ -6,6 +6,7 @@ __all__ = [
     "CheckpointError",
     "InputError",
     "NonFiniteError",
+    "ArtifactError",
 ]
 
 
@@ -27,3 +28,7 @@ class InputError(OnnxTrainError, ValueError):
 
 class NonFiniteError(OnnxTrainError, FloatingPointError):
     """The loss or a gradient is NaN or infinite."""
+
+
+class ArtifactError(OnnxTrainError, ValueError):
+    """A training, eval or optimizer model is missing, unreadable, or not one onnxtrain can run."""

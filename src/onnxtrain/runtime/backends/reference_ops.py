@@ -1,16 +1,19 @@
-"""Fixes to onnx.reference kernels that the generated graphs rely on (passed as ``new_ops``)."""
+"""Fixes to onnx.reference kernels that the generated graphs rely on (passed as ``new_ops``), and one to its
+evaluator (:func:`name_omitted_outputs`)."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import onnx
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_conv_transpose import ConvTranspose as _ConvTranspose
 from onnx.reference.ops.op_erf import Erf as _Erf
 from onnx.reference.ops.op_grid_sample import GridSample as _GridSample
+from onnx.reference.ops.op_max_pool import MaxPool as _MaxPool
 
-__all__ = ["PATCHED_OPS"]
+__all__ = ["PATCHED_OPS", "name_omitted_outputs"]
 
 
 class ConvTranspose(_ConvTranspose):
@@ -65,6 +68,28 @@ class Gelu(OpRun):
             return ((0.5 * x * (1 + np.tanh(inner))).astype(x.dtype),)
         erf = np.vectorize(math.erf, otypes=[x.dtype])(x / math.sqrt(2)) if x.size else x.copy()
         return ((0.5 * x * (1 + erf)).astype(x.dtype),)
+
+
+class MaxPool(_MaxPool):
+    """With unit strides and dilations onnx.reference takes a shortcut whose Indices output is wrong (each
+    window's arg-max is offset): always take its general path, which gets the indices right."""
+
+    op_domain = ""
+
+    def _run(self, x, auto_pad=None, ceil_mode=None, dilations=None, kernel_shape=None, pads=None,
+             storage_order=None, strides=None):
+        n = len(kernel_shape)
+        strides, dilations = strides or [1] * n, dilations or [1] * n
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            pads = [0] * (2 * n)
+            for i, (size, k, s, d) in enumerate(zip(x.shape[2:], kernel_shape, strides, dilations)):
+                total = max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
+                small, big = total // 2, total - total // 2
+                pads[i], pads[i + n] = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+        elif auto_pad == "VALID":
+            pads = None
+        return self._max_pool(x, auto_pad="NOTSET", ceil_mode=ceil_mode, dilations=dilations,
+                              kernel_shape=kernel_shape, pads=pads, storage_order=storage_order, strides=strides)
 
 
 class Mean(OpRun):
@@ -143,4 +168,29 @@ class GridSample(_GridSample):
                         dtype=np.float64)
 
 
-PATCHED_OPS = [ConvTranspose, Erf, Gelu, GlobalLpPool, GridSample, LRN, LpNormalization, Mean, Pad]
+PATCHED_OPS = [ConvTranspose, Erf, Gelu, GlobalLpPool, GridSample, LRN, LpNormalization, MaxPool, Mean, Pad]
+
+
+def name_omitted_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` whose omitted node outputs ("") get unused names.
+
+    ReferenceEvaluator stores every output under its name, "" included, so a later node whose omitted
+    optional input is also "" receives that stale value (e.g. a Pad(x, pads, "", axes) after an Attention
+    with omitted present_key gets the present_key as its constant_value).
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    count = 0
+
+    def fix(graph: onnx.GraphProto) -> None:
+        nonlocal count
+        for node in graph.node:
+            for i, out in enumerate(node.output):
+                if not out:
+                    node.output[i] = f"_omitted_output_{count}"
+                    count += 1
+            for attr in node.attribute:
+                for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                    fix(g)
+
+    fix(model.graph)
+    return model
