@@ -6,7 +6,7 @@ still find them.
 
 __all__ = [
     "LAZY_RESET_GRAD", "grad_buffer_name", "grad_output_name", "buffer_output_name", "TRAINING_META",
-    "OPTIMIZER_META", "LEARNING_RATE", "STEP", "PARAMS", "GRADIENTS", "output_name",
+    "OPTIMIZER_META", "LEARNING_RATE", "STEP", "PARAMS", "GRADIENTS", "GRADIENTS_FINITE", "output_name",
 ]
 
 LAZY_RESET_GRAD = "lazy_reset_grad"
@@ -14,6 +14,7 @@ LEARNING_RATE = "learning_rate"
 STEP = "step"
 PARAMS = "params"
 GRADIENTS = "gradients"
+GRADIENTS_FINITE = "gradients_finite"  # optimizer output: False when a gradient is NaN or infinite
 
 # metadata_props keys holding a JSON description of each artifact's interface
 TRAINING_META = "onnxtrain.training"

@@ -28,7 +28,8 @@ def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], o
     total = int(sum(v.size for v in params.values()))
     b = GraphBuilder(opset)
     vector_names = [names.PARAMS, names.GRADIENTS, *optimizer.state_names]
-    for n in [names.LEARNING_RATE, names.STEP, *vector_names, *map(names.output_name, vector_names)]:
+    for n in [names.LEARNING_RATE, names.STEP, *vector_names, *map(names.output_name, vector_names),
+              names.GRADIENTS_FINITE]:
         b.reserve(n)
     lr = names.LEARNING_RATE
     step = b.op.Cast(names.STEP, to=onnx.TensorProto.FLOAT)
@@ -38,6 +39,9 @@ def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], o
     if dtype != np.float32:  # the update runs in float32 scalars; cast vector results back
         raise TypeError(f"the optimizer graph supports float32 parameters, got {dtype}")
     b.node("Identity", [new_params], [names.output_name(names.PARAMS)])
+    # One reduction tells whether any gradient is NaN or infinite; the runtime then keeps the old values.
+    total = b.reduce("ReduceSum", names.GRADIENTS, None, keepdims=False)
+    b.node("Not", [b.op.Or(b.op.IsNaN(total), b.op.IsInf(total))], [names.GRADIENTS_FINITE])
     for s in optimizer.state_names:
         b.node("Identity", [new_states[s]], [names.output_name(s)])
 
@@ -47,7 +51,8 @@ def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], o
         [helper.make_tensor_value_info(lr, onnx.TensorProto.FLOAT, []),
          helper.make_tensor_value_info(names.STEP, onnx.TensorProto.INT64, []),
          *[vec(n) for n in vector_names]],
-        [vec(names.output_name(n)) for n in [names.PARAMS, *optimizer.state_names]],
+        [vec(names.output_name(n)) for n in [names.PARAMS, *optimizer.state_names]]
+        + [helper.make_tensor_value_info(names.GRADIENTS_FINITE, onnx.TensorProto.BOOL, [])],
         initializer=b.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="onnxtrain")
     model.ir_version = ir_version

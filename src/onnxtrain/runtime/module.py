@@ -174,14 +174,15 @@ class Module:
         st = self._state
         arrays = check_inputs(self._train_inputs, arrays, "training step")
         feeds = dict(zip((m.name for m in self._train_inputs), arrays))
-        feeds.update(self._state_feeds())
-        feeds.update({names.grad_buffer_name(p): g for p, g in st._grads.views().items()})
+        state = self._state_feeds()
+        state.update({names.grad_buffer_name(p): g for p, g in st._grads.views().items()})
         self._reset[...] = self._reset_pending
-        feeds[names.LAZY_RESET_GRAD] = self._reset
+        state[names.LAZY_RESET_GRAD] = self._reset
         out = {self._train_outputs[0].name: self._loss}
         out.update({names.grad_output_name(p): g for p, g in st._grads.spare_views().items()})
         out.update({names.buffer_output_name(b): self._buffer_spare[b] for b in st._buffers})
-        extras = self._session_for(self._reset_pending).run(feeds, out, list(self._meta["additional_outputs"]))
+        session = self._session_for(self._reset_pending)
+        extras = session.run(feeds, out, list(self._meta["additional_outputs"]), state=state)
         st._grads.swap()
         for b in st._buffers:
             st._buffers[b], self._buffer_spare[b] = self._buffer_spare[b], st._buffers[b]
@@ -213,8 +214,7 @@ class Module:
                                "or call module.train() to run training steps")
         arrays = check_inputs(self._eval_inputs, arrays, "eval step")
         feeds = dict(zip((m.name for m in self._eval_inputs), arrays))
-        feeds.update(self._state_feeds())
-        return self._eval.run(feeds, {}, [m.name for m in self._eval.outputs])
+        return self._eval.run(feeds, {}, [m.name for m in self._eval.outputs], state=self._state_feeds())
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (trainable only, or all)."""

@@ -52,6 +52,13 @@ class Optimizer:
         self._lr = np.array(1e-3, dtype=np.float32)
         self._step = np.array(0, dtype=np.int64)
         self.skipped_steps = 0
+        # Optimizer graphs with a finiteness output check the gradients in the same run (no extra numpy pass).
+        self._checks_finite = any(o.name == names.GRADIENTS_FINITE for o in model.graph.output)
+        self._finite = np.zeros((), dtype=bool)
+
+    def _skip(self, reason: str) -> None:
+        self.skipped_steps += 1
+        warnings.warn(f"optimizer step skipped: {reason} (parameters unchanged)", RuntimeWarning, stacklevel=3)
 
     def set_learning_rate(self, learning_rate: float) -> None:
         self._lr[...] = learning_rate
@@ -62,18 +69,21 @@ class Optimizer:
     def step(self) -> None:
         """One update of every trainable parameter (skipped, with a warning, if the gradients are not finite)."""
         module, state = self._module, self._module._state
-        if not module._last_loss_finite or not np.isfinite(state._grads.current.sum()):
-            self.skipped_steps += 1
-            warnings.warn("optimizer step skipped: the loss or the gradients are not finite "
-                          "(parameters unchanged)", RuntimeWarning, stacklevel=2)
-            return
+        if not module._last_loss_finite:
+            return self._skip("the loss is not finite")
+        if not self._checks_finite and not np.isfinite(state._grads.current.sum()):
+            return self._skip("the gradients are not finite")
         self._step[...] = state.step + 1
-        feeds = {names.LEARNING_RATE: self._lr, names.STEP: self._step, names.PARAMS: state._params.current,
-                 names.GRADIENTS: state._grads.current}
-        feeds.update({s: st.current for s, st in self._states.items()})
+        inputs = {names.LEARNING_RATE: self._lr, names.STEP: self._step, names.PARAMS: state._params.current,
+                  names.GRADIENTS: state._grads.current}
+        inputs.update({s: st.current for s, st in self._states.items()})
         out = {names.output_name(names.PARAMS): state._params.spare}
         out.update({names.output_name(s): st.spare for s, st in self._states.items()})
-        self._session.run(feeds, out, [])
+        if self._checks_finite:
+            out[names.GRADIENTS_FINITE] = self._finite
+        self._session.run({}, out, [], state=inputs)
+        if self._checks_finite and not self._finite:
+            return self._skip("the gradients are not finite")  # the results went to the spare buffers only
         state._params.swap()
         for st in self._states.values():
             st.swap()

@@ -40,6 +40,9 @@ class Session:
         self.outputs = graph_io(model.graph.output)
         self.input_names = frozenset(m.name for m in self.inputs)
 
-    def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray],
-            fetch: list[str]) -> list[np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], fetch: list[str],
+            state: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
+        """Run once. ``feeds`` change from call to call (data); ``state`` and ``out`` are persistent arrays
+        (parameters, gradients, buffers) whose contents change but which are the same objects every time
+        they come back, so a backend may bind them once."""
         raise NotImplementedError

@@ -19,10 +19,11 @@ class ReferenceSession(Session):
         super().__init__(model)
         self._evaluator = ReferenceEvaluator(model, new_ops=PATCHED_OPS)
 
-    def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray],
-            fetch: list[str]) -> list[np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], fetch: list[str],
+            state: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
         names = [*out, *fetch]
-        results = self._evaluator.run(names, {k: v for k, v in feeds.items() if k in self.input_names})
+        inputs = {k: v for k, v in {**(state or {}), **feeds}.items() if k in self.input_names}
+        results = self._evaluator.run(names, inputs)
         for dest, value in zip(out.values(), results):
             np.copyto(dest, np.asarray(value).reshape(dest.shape))
         return [np.asarray(v) for v in results[len(out):]]
