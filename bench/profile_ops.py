@@ -90,17 +90,18 @@ def profile(args, prefix):
         eval_step()
     del train_step, eval_step  # closes the sessions: onnxruntime writes the profiles then
     gc.collect()
-    files = sorted(glob.glob(prefix + "*.json"), key=os.path.getmtime)
-    return [(f, next(v for k, v in sorted(labels.items(), reverse=True) if f.startswith(k))) for f in files]
+    files = [(f, next(v for k, v in sorted(labels.items(), reverse=True) if f.startswith(k)))
+             for f in glob.glob(prefix + "*.json")]
+    return sorted(files, key=lambda fl: fl[1])
 
 
 def unique_profile_per_session(so, labels):
     """Give each onnxruntime.InferenceSession its own profile file.
 
-    Labels each file with its model's name. It also matters for old onnxruntime, which names a profile
-    prefix + creation second + ".json", so that sessions created in the same second write one file.
-    The peer (1.19.2) is such a case, and its sessions are C++ ones that cannot be relabelled: with
-    --impl peer the one file holds one session, in practice the training graph.
+    Labels each file with its creation order (Module's sessions before Optimizer's) and model file.
+    Old onnxruntime names a profile prefix + creation second + ".json", so sessions created in the same
+    second write one file. The peer (1.19.2) is such a case, and its sessions are C++ ones that cannot
+    be relabelled: with --impl peer the one file holds one session, in practice the training graph.
     """
     import onnxruntime
 
@@ -108,9 +109,9 @@ def unique_profile_per_session(so, labels):
 
     def patched(self, path_or_bytes, sess_options=None, *args, **kwargs):
         if sess_options is so:
-            name = os.path.basename(path_or_bytes) if isinstance(path_or_bytes, str) else "in-memory model"
+            name = os.path.basename(path_or_bytes) if isinstance(path_or_bytes, str) else "from bytes"
             so.profile_file_prefix = f"{base}_{len(labels)}"
-            labels[so.profile_file_prefix] = name
+            labels[so.profile_file_prefix] = f"#{len(labels)} {name}"
         init(self, path_or_bytes, sess_options, *args, **kwargs)
 
     onnxruntime.InferenceSession.__init__ = patched
@@ -151,6 +152,7 @@ def table(title, nodes, runs, top):
 def main(argv=None):
     args = parse_args(argv)
     ensure_interpreter(args.impl)
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")  # the exporter's warnings, in the generation child
     keep = args.keep or tempfile.mkdtemp(prefix="bench_profile_")
     os.makedirs(keep, exist_ok=True)
     files = profile(args, os.path.join(keep, f"{args.impl}_{args.workload}"))
@@ -164,7 +166,8 @@ def main(argv=None):
         except ValueError as exc:
             print(f"\n{path}: unreadable ({exc}); two sessions probably wrote it at once")
             continue
-        table(f"session {label} ({os.path.basename(path)})", nodes, runs, args.top)
+        if nodes:
+            table(f"session {label} ({os.path.basename(path)})", nodes, runs, args.top)
         combined.update({f"{label}:{k}": v for k, v in nodes.items()})
     title = "all sessions, per training step" + (" (eval runs included)" if args.eval_steps else "")
     table(title, combined, 5 + args.steps - 1, args.top)

@@ -160,6 +160,9 @@ def run_one(cmd, env, timeout, logf):
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         error = f"timed out after {timeout} s"
+    except BaseException:  # Ctrl-C: the runner is in its own session and would not get the signal
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     lines = [line for line in out.splitlines() if line.startswith('{"impl"')]
     rec = json.loads(lines[-1]) if lines else dict(error=error, error_stage="process")
     rec.update(wall_seconds=time.perf_counter() - t, exit_code=proc.returncode)
@@ -171,7 +174,7 @@ def progress(i, total, rec):
     if rec.get("step_ms_median") is not None:
         return (f"{what} step {rec['step_ms_median']:8.1f} ms  eval {rec['eval_ms_median']:7.1f} ms  "
                 f"RSS {rec['peak_rss_mb']:5.0f} MB  loss {rec['loss_first']:.3g} -> {rec['loss_last']:.3g}  "
-                f"({rec['wall_seconds']:.0f} s)")
+                f"({rec['wall_seconds']:.0f} s, load {rec.get('loadavg_start', 0):.1f})")
     return f"{what} {rec.get('error_stage', '?')} failed: {rec.get('error', '?')[:100]} ({rec['wall_seconds']:.0f} s)"
 
 
@@ -203,7 +206,9 @@ def parse_args(argv=None):
             p.error(f"unknown {name} {bad}; choose from {allowed}")
     if args.quick:
         args.repeat = 1
-        args.steps, args.warmup, args.eval_steps = args.steps or 10, args.warmup or 2, args.eval_steps or 5
+        for name, value in (("steps", 10), ("warmup", 2), ("eval_steps", 5)):
+            if getattr(args, name) is None:
+                setattr(args, name, value)
     return args
 
 
@@ -248,6 +253,9 @@ def main(argv=None):
             extra += [flag, str(value)]
 
     total = args.repeat * len(args.workloads) * len(args.impls)
+    load = os.getloadavg()[0]
+    if load > 0.5 * (os.cpu_count() or 1):
+        log(f"warning: load average {load:.1f} on {os.cpu_count()} cores: other work competes, figures will be noisy")
     log(f"run {run_id}: up to {total} runs -> {os.path.relpath(results, REPO)}")
     i, passes = 0, 0
     with open(results, "a") as out, open(results[:-len(".jsonl")] + ".log", "a") as logf:
