@@ -6,7 +6,6 @@ import enum
 import os
 from collections.abc import Sequence
 
-import numpy as np
 import onnx
 
 from onnxtrain.artifacts.graphs import build_graphs
@@ -128,12 +127,11 @@ def generate_artifacts(
         onnx.checker.check_model(proto, full_check=True)
         atomic_write_bytes(paths[kind], proto.SerializeToString())
 
+    # Optimizer state starts at zero: the runtime creates it, so the checkpoint holds only the weights.
     data = CheckpointData(
         trainable={p: source.weights[p] for p in plan.trainable},
         frozen={p: source.weights[p] for p in plan.frozen},
         buffers={p: source.weights[p] for p in plan.buffers},
-        optimizer={p: {s: np.zeros_like(source.weights[p]) for s in opt_block.state_names}
-                   for p in plan.trainable} if opt_block is not None else {},
     )
     if nominal_checkpoint:
         data = data.nominal_copy()
