@@ -6,6 +6,7 @@ in $ONNXTRAIN_PEER_PYTHON or bench/.peer-venv (created by `python bench/run.py`)
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -51,10 +52,19 @@ PEER_SCRIPT = textwrap.dedent("""
 """)
 
 
+def _clean_env() -> dict[str, str]:
+    """The environment without PYTHONPATH/PYTHONHOME, which would put this venv's onnxruntime first."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+
+
+@functools.lru_cache(maxsize=1)
 def peer_python() -> str | None:
     for candidate in (os.environ.get("ONNXTRAIN_PEER_PYTHON"), ROOT / "bench" / ".peer-venv" / "bin" / "python"):
         if candidate and Path(candidate).exists():
-            return str(candidate)
+            probe = subprocess.run([str(candidate), "-c", "import onnxruntime.training.api"], env=_clean_env(),
+                                   capture_output=True, timeout=300)
+            if probe.returncode == 0:
+                return str(candidate)
     return None
 
 
@@ -71,7 +81,7 @@ def test_losses_agree_with_the_peer_at_every_step(optimizer, lr, workloads, tmp_
     script.write_text(PEER_SCRIPT)
     result = subprocess.run([peer_python(), str(script), str(ROOT / "bench"), str(w.onnx_path), str(tmp_path / "peer"),
                              optimizer, str(lr), str(STEPS), str(tmp_path / "data.npz")],
-                            capture_output=True, text=True, timeout=600)
+                            capture_output=True, text=True, timeout=600, env=_clean_env())
     assert result.returncode == 0, result.stderr[-2000:]
     peer = json.loads(result.stdout.strip().splitlines()[-1])
 
