@@ -98,8 +98,10 @@ class BCEWithLogitsLoss(_Loss):
         return reduce(loss, self.reduction)
 
 
-class CrossEntropyLoss(_Loss):
-    """Softmax cross-entropy over axis 1 with class-index labels, optional class weights and ignore_index."""
+class _ClassIndexLoss(_Loss):
+    """A loss over class scores on axis 1 with class-index labels, optional class weights and ignore_index."""
+
+    op_type = ""
 
     def __init__(self, weight: Sequence[float] | np.ndarray | None = None, reduction: str = "mean",
                  ignore_index: int | None = None):
@@ -110,21 +112,17 @@ class CrossEntropyLoss(_Loss):
     def build(self, scores: str, labels: str = "labels") -> str:
         dtype = np_dtype(current().info(scores).elem_type)
         weight = None if self.weight is None else self.builder.const(self.weight.astype(dtype), name="class_weights")
-        return self.op.SoftmaxCrossEntropyLoss(scores, _class_labels(scores, labels), weight,
-                                               reduction=self.reduction, ignore_index=self.ignore_index)
+        return getattr(self.op, self.op_type)(scores, _class_labels(scores, labels), weight,
+                                              reduction=self.reduction, ignore_index=self.ignore_index)
 
 
-class NLLLoss(_Loss):
-    """Negative log-likelihood of log-probabilities (axis 1) with class-index labels."""
+class CrossEntropyLoss(_ClassIndexLoss):
+    """Softmax cross-entropy of logits (SoftmaxCrossEntropyLoss)."""
 
-    def __init__(self, weight: Sequence[float] | np.ndarray | None = None, reduction: str = "mean",
-                 ignore_index: int | None = None):
-        super().__init__(reduction)
-        self.weight = None if weight is None else np.asarray(weight)
-        self.ignore_index = ignore_index
+    op_type = "SoftmaxCrossEntropyLoss"
 
-    def build(self, log_probs: str, labels: str = "labels") -> str:
-        dtype = np_dtype(current().info(log_probs).elem_type)
-        weight = None if self.weight is None else self.builder.const(self.weight.astype(dtype), name="class_weights")
-        return self.op.NegativeLogLikelihoodLoss(log_probs, _class_labels(log_probs, labels), weight,
-                                                 reduction=self.reduction, ignore_index=self.ignore_index)
+
+class NLLLoss(_ClassIndexLoss):
+    """Negative log-likelihood of log-probabilities (NegativeLogLikelihoodLoss)."""
+
+    op_type = "NegativeLogLikelihoodLoss"
