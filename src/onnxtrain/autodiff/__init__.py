@@ -3,7 +3,22 @@
 Importing this package registers every rule module below.
 """
 
-from onnxtrain.autodiff import elementwise, linalg, loss, nn, reduce, shape  # noqa: F401  (registration)
+from onnxtrain.autodiff import (  # noqa: F401  (registration)
+    activations,
+    attention,
+    control_flow,
+    elementwise,
+    linalg,
+    loss,
+    math,
+    nn,
+    normalization,
+    recurrent,
+    reduce,
+    sampling,
+    shape,
+    tensor,
+)
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.engine import build_gradients
 from onnxtrain.autodiff.registry import GRADIENT_RULES, NON_DIFFERENTIABLE, register, register_zero_gradient

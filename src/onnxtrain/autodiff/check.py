@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxtrain.autodiff.engine import build_gradients
+from onnxtrain.autodiff.engine import build_gradients, node_inputs
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.passes import constant_values, used_names
 from onnxtrain.ir.types import infer_tensor_info
@@ -30,7 +30,9 @@ class GradientReport:
 
     errors: dict[str, float] = field(default_factory=dict)     # max |analytic - numeric| / (atol + rtol |numeric|)
     analytic: dict[str, np.ndarray] = field(default_factory=dict)
-    numeric: dict[str, np.ndarray] = field(default_factory=dict)
+    numeric: dict[str, np.ndarray] = field(default_factory=dict)   # NaN where an element was not compared
+    weights: dict[str, np.ndarray] = field(default_factory=dict)   # output name -> r_k of the checked scalar
+    kinks: dict[str, int] = field(default_factory=dict)            # elements skipped as non-differentiable
 
     @property
     def ok(self) -> bool:
@@ -41,10 +43,12 @@ class GradientReport:
 
 
 def single_node_model(op_type: str, inputs: Mapping[str, np.ndarray], n_outputs: int = 1, opset: int = 18,
-                      constant_inputs: Mapping[str, np.ndarray] | None = None, **attrs) -> onnx.ModelProto:
-    """A model of one node; ``inputs`` are graph inputs, ``constant_inputs`` initializers ("" = omitted)."""
+                      constant_inputs: Mapping[str, np.ndarray] | None = None,
+                      input_order: Sequence[str] | None = None, **attrs) -> onnx.ModelProto:
+    """A model of one node; ``inputs`` are graph inputs, ``constant_inputs`` initializers (names starting with
+    "_omit" are omitted inputs). The node reads inputs then constants, or in ``input_order`` if given."""
     constant_inputs = dict(constant_inputs or {})
-    order = [*inputs, *constant_inputs]
+    order = list(input_order) if input_order is not None else [*inputs, *constant_inputs]
     names = [n if not n.startswith("_omit") else "" for n in order]
     outs = [f"y{i}" for i in range(n_outputs)]
     node = helper.make_node(op_type, names, outs, **attrs)
@@ -57,13 +61,23 @@ def single_node_model(op_type: str, inputs: Mapping[str, np.ndarray], n_outputs:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8 if opset <= 17 else (9 if opset <= 20 else 10)
     inferred = onnx.shape_inference.infer_shapes(model)
+    outputs = list(inferred.graph.output)
+    if any(o.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED for o in outputs):
+        # Shape inference could not type an output (an op without an inference function): run the model.
+        values = run_model(model, {k: np.asarray(v) for k, v in inputs.items()})
+        outputs = [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                   for o, v in zip(outs, values)]
     del model.graph.output[:]
-    model.graph.output.extend(inferred.graph.output)
+    model.graph.output.extend(outputs)
     return model
 
 
 def gradient_model(model: onnx.ModelProto, wrt: Sequence[str], weights: Mapping[str, np.ndarray]) -> onnx.ModelProto:
-    """``model`` plus a scalar ``loss = sum_k sum(output_k * weight_k)`` and its gradients ``d_<name>``."""
+    """``model`` plus a scalar ``loss = sum_k sum(output_k * weight_k)`` and its gradients ``d_<name>``.
+
+    The outputs are the loss then the gradients, in the order of ``wrt`` (their names get a suffix when the
+    model already uses them).
+    """
     graph = model.graph
     infos = infer_tensor_info(model)
     opset = next(op.version for op in model.opset_import if op.domain in ("", "ai.onnx"))
@@ -74,24 +88,39 @@ def gradient_model(model: onnx.ModelProto, wrt: Sequence[str], weights: Mapping[
             w = b.const(weights[out.name], name=f"r_{out.name}")
             terms.append(b.reduce("ReduceSum", b.op.Mul(out.name, w), None, keepdims=False))
     loss = terms[0] if len(terms) == 1 else b.op.Sum(*terms)
-    b.node("Identity", [loss], ["loss"])
+    loss_name = b.unique("loss")
+    b.node("Identity", [loss], [loss_name])
     nodes = [*map(_copy, graph.node), *b.nodes]
-    full = helper.make_graph(nodes, "loss", list(graph.input), [], initializer=[*graph.initializer, *b.initializers])
+    full = helper.make_graph(nodes, "loss", list(graph.input), [], initializer=[*graph.initializer, *b.initializers],
+                             value_info=list(graph.output))   # keeps the output types inference may not find
     full_model = helper.make_model(full, opset_imports=list(model.opset_import))
     full_model.ir_version = model.ir_version
     infos = infer_tensor_info(full_model)
     gb = GraphBuilder(opset, taken=used_names(full), prefix="grad/")
-    grads = build_gradients(nodes, "loss", list(wrt), gb, infos, constants=constant_values(full))
-    outputs = [helper.make_tensor_value_info("loss", infos["loss"].elem_type, [])]
+    grads = build_gradients(nodes, loss_name, list(wrt), gb, infos, constants=constant_values(full))
+    outputs = [helper.make_tensor_value_info(loss_name, infos[loss_name].elem_type, [])]
     for name in wrt:
         g = grads[name] or gb.zeros_like(name, infos[name].elem_type)
-        gb.node("Identity", [g], [f"d_{name}"])
-        outputs.append(helper.make_tensor_value_info(f"d_{name}", infos[name].elem_type, None))
-    out_graph = helper.make_graph([*nodes, *gb.nodes], "gradients", list(graph.input), outputs,
+        d_name = gb.unique(f"d_{name}").removeprefix("grad/")
+        gb.node("Identity", [g], [d_name])
+        outputs.append(helper.make_tensor_value_info(d_name, infos[name].elem_type, infos[name].shape))
+    # Like the training graphs, keep only what the outputs need (rules may emit gradients nothing reads).
+    kept = _prune([*nodes, *gb.nodes], [o.name for o in outputs])
+    out_graph = helper.make_graph(kept, "gradients", list(graph.input), outputs,
                                   initializer=[*full.initializer, *gb.initializers])
     out = helper.make_model(out_graph, opset_imports=list(model.opset_import))
     out.ir_version = model.ir_version
     return out
+
+
+def _prune(nodes: Sequence[onnx.NodeProto], outputs: Sequence[str]) -> list[onnx.NodeProto]:
+    """The nodes ``outputs`` depend on, counting the values subgraphs (If branches) read."""
+    needed, kept = set(outputs), []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output if o):
+            kept.append(node)
+            needed.update(x for x in node_inputs(node) if x)
+    return kept[::-1]
 
 
 def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
@@ -101,49 +130,74 @@ def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
 
 
 def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], backend: str = "reference") -> list[np.ndarray]:
+    return _session(model, backend)(feeds)
+
+
+def _session(model: onnx.ModelProto, backend: str):
+    """A function feeds -> outputs running ``model`` on ``backend`` (built once, run many times)."""
     if backend == "reference":
         from onnx.reference import ReferenceEvaluator
 
-        from onnxtrain.runtime.backends.reference_ops import PATCHED_OPS
+        from onnxtrain.runtime.backends.reference_ops import PATCHED_OPS, name_omitted_outputs
 
-        return [np.asarray(v) for v in ReferenceEvaluator(model, new_ops=PATCHED_OPS).run(None, dict(feeds))]
+        evaluator = ReferenceEvaluator(name_omitted_outputs(model), new_ops=PATCHED_OPS)
+        return lambda feeds: [np.asarray(v) for v in evaluator.run(None, dict(feeds))]
     import onnxruntime as ort
 
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, dict(feeds))
+    return lambda feeds: sess.run(None, dict(feeds))
 
 
 def check_gradients(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], wrt: Sequence[str], *,
                     eps: float = 1e-6, rtol: float = 1e-4, atol: float = 1e-6, backend: str = "reference",
-                    seed: int = 0) -> GradientReport:
-    """Compare the analytic gradients of ``model`` w.r.t. ``wrt`` (graph inputs) with central differences."""
+                    seed: int = 0, max_elements: int | None = None,
+                    kink_tol: float | None = None) -> GradientReport:
+    """Compare the analytic gradients of ``model`` w.r.t. ``wrt`` (graph inputs) with central differences.
+
+    ``max_elements`` bounds the finite differences per input to that many randomly chosen elements (the
+    others are NaN in ``report.numeric`` and not compared), which keeps big inputs cheap.
+
+    With ``kink_tol``, an element where the two one-sided slopes differ by more than
+    ``kink_tol * (1 + |central slope|)`` sits on a kink or a jump (ReLU at 0, a tie of Max, a value on a
+    Clip bound): there is no derivative to compare, so it is skipped and counted in ``report.kinks``.
+    """
     rng = np.random.default_rng(seed)
-    forward_outputs = run_model(model, inputs, backend)
+    forward = _session(model, backend)
+    forward_outputs = forward(inputs)
     weights = {o.name: rng.standard_normal(np.shape(v)).astype(v.dtype)
                for o, v in zip(model.graph.output, forward_outputs) if np.issubdtype(v.dtype, np.floating)}
     gmodel = gradient_model(model, wrt, weights)
     results = run_model(gmodel, inputs, backend)
-    report = GradientReport()
+    report = GradientReport(weights=weights)
 
     def loss_at(feeds) -> float:
-        outs = run_model(model, feeds, backend)
+        outs = forward(feeds)
         return float(sum(np.sum(v.astype(np.float64) * weights[o.name])
                          for o, v in zip(model.graph.output, outs) if o.name in weights))
 
+    base = loss_at(inputs) if kink_tol is not None else 0.0
     for name, analytic in zip(wrt, results[1:]):
         x = np.array(inputs[name], dtype=inputs[name].dtype)
-        numeric = np.zeros(x.shape, dtype=np.float64)
+        numeric = np.full(x.shape, np.nan, dtype=np.float64)
         flat = x.reshape(-1)
-        for i in range(flat.size):
+        picked = np.arange(flat.size)
+        if max_elements is not None and flat.size > max_elements:
+            picked = np.sort(rng.choice(flat.size, max_elements, replace=False))
+        for i in picked:
             orig = flat[i]
             flat[i] = orig + eps
             hi = loss_at({**inputs, name: x})
             flat[i] = orig - eps
             lo = loss_at({**inputs, name: x})
             flat[i] = orig
-            numeric.reshape(-1)[i] = (hi - lo) / (2 * eps)
+            slope = (hi - lo) / (2 * eps)
+            if kink_tol is not None and abs((hi - base) - (base - lo)) / eps > kink_tol * (1 + abs(slope)):
+                report.kinks[name] = report.kinks.get(name, 0) + 1
+                continue
+            numeric.reshape(-1)[i] = slope
+        compared = picked[~np.isnan(numeric.reshape(-1)[picked])]
         analytic = np.asarray(analytic, dtype=np.float64).reshape(x.shape)
         report.analytic[name], report.numeric[name] = analytic, numeric
-        err = np.abs(analytic - numeric) / (atol + rtol * np.abs(numeric))
-        report.errors[name] = float(err.max()) if err.size else 0.0
+        err = (np.abs(analytic - numeric) / (atol + rtol * np.abs(numeric))).reshape(-1)[compared]
+        report.errors[name] = float(np.nan_to_num(err, nan=np.inf).max()) if err.size else 0.0
     return report

@@ -106,6 +106,7 @@ def build_gradients(nodes: list[onnx.NodeProto], loss: str, params: Sequence[str
     Returns:
         param name -> gradient name, or None for a parameter the loss does not depend on.
     """
+    constants, infos = _fold(nodes, builder.opset, constants or {}, infos)
     if seed is None:
         loss_info = infos.get(loss)
         if loss_info is not None and loss_info.rank == 0:
@@ -113,6 +114,24 @@ def build_gradients(nodes: list[onnx.NodeProto], loss: str, params: Sequence[str
         else:
             seed = builder.ones_like(loss, loss_info.elem_type if loss_info else onnx.TensorProto.FLOAT)
     return vjp(nodes, {loss: seed}, params, builder, infos, constants)
+
+
+def _fold(nodes: list[onnx.NodeProto], opset: int, constants: dict[str, np.ndarray],
+          infos: dict[str, TensorInfo]) -> tuple[dict[str, np.ndarray], dict[str, TensorInfo]]:
+    """Fold the constant subgraphs exporters compute axes, scales and shapes with (a Concat of Constants),
+    so that rules can read them, and refine the shapes with them (a Resize whose scales are such a Concat)."""
+    from onnxtrain.autodiff.folding import fold_constants, infer_infos  # folding reads the engine's helpers
+
+    folded = fold_constants(nodes, infos, opset, constants)
+    if not folded:
+        return constants, infos
+    constants = {**constants, **folded}
+    refined = dict(infos)
+    for name, info in infer_infos(nodes, infos, opset, constants).items():
+        old = infos.get(name)
+        if old is None or old.shape is None or (old.static_shape is None and info.static_shape is not None):
+            refined[name] = info
+    return constants, refined
 
 
 def vjp(nodes: list[onnx.NodeProto], seeds: Mapping[str, str], params: Sequence[str], builder: GraphBuilder,

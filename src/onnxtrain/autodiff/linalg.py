@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.registry import register
+from onnxtrain.autodiff.shape import shape_of
 
 
 def _swap_last_two(ctx: GradContext, x: str, rank: int) -> str:
@@ -30,8 +31,8 @@ def matmul(ctx: GradContext):
     if out is not None:
         da = ctx.unbroadcast(da, a, grad_shape=(*out[:-2], *ctx.shape(a)[-2:]))
         db = ctx.unbroadcast(db, b, grad_shape=(*out[:-2], *ctx.shape(b)[-2:]))
-    else:
-        da, db = ctx.unbroadcast(da, a, grad_shape=()), ctx.unbroadcast(db, b, grad_shape=())
+    else:   # the output shape is unknown: unbroadcast compares the shapes at run time
+        da, db = ctx.unbroadcast(da, a), ctx.unbroadcast(db, b)
     return da, db
 
 
@@ -39,12 +40,14 @@ def _rows(ctx: GradContext, x: str, c) -> str:
     """Reshape (..., c) to (-1, c)."""
     if isinstance(c, int):
         return ctx.op.Reshape(x, ctx.b.ints([-1, c]))
-    last = ctx.op.Shape(x, start=-1)
+    last = shape_of(ctx.b, x, -1)
     return ctx.op.Reshape(x, ctx.op.Concat(ctx.b.ints([-1]), last, axis=0))
 
 
 def _matmul_vector(ctx: GradContext, a: str, b: str, dy: str, ra: int, rb: int):
     """MatMul with a 1-D operand: promote it to a matrix, differentiate, then drop the added axis."""
+    if ra == 1 and rb == 1:                     # the dot product a . b
+        return ctx.op.Mul(dy, b), ctx.op.Mul(dy, a)
     a2 = ctx.b.unsqueeze(a, [0]) if ra == 1 else a
     b2 = ctx.b.unsqueeze(b, [1]) if rb == 1 else b
     dy2 = ctx.b.unsqueeze(dy, [-2]) if ra == 1 else dy

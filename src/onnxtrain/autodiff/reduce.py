@@ -16,10 +16,8 @@ def reduced_axes(ctx: GradContext) -> list[int] | None:
         if value is None:
             raise ValueError(f"{ctx.node.op_type} node {ctx.node.name!r}: axes must be a constant to differentiate")
         axes = value.tolist()
-    if axes is None or len(axes) == 0:
-        if axes is not None and ctx.attr("noop_with_empty_axes", 0):
-            return []
-        return None
+    if axes is None or len(axes) == 0:   # not given or empty: every axis, or none with noop_with_empty_axes
+        return [] if ctx.attr("noop_with_empty_axes", 0) else None
     if any(a < 0 for a in axes):
         rank = ctx.rank(ctx.x[0])
         axes = [a % rank for a in axes]
@@ -34,6 +32,13 @@ def expand_back(ctx: GradContext, g: str, axes: list[int] | None) -> str:
     info = ctx.infos.get(x)
     static = info.static_shape if info is not None else None
     return ctx.op.Expand(g, ctx.b.ints(static) if static is not None else ctx.op.Shape(x))
+
+
+def keep_dims(ctx: GradContext, g: str, axes: list[int] | None) -> str:
+    """A reduced value (the output, its gradient) with the reduced axes kept, so it broadcasts against x."""
+    if axes and not ctx.attr("keepdims", 1):
+        return ctx.b.unsqueeze(g, axes)
+    return g
 
 
 def _count(ctx: GradContext, axes: list[int] | None) -> str:
@@ -60,3 +65,53 @@ def reduce_mean(ctx: GradContext):
     if axes == []:
         return ctx.dy[0], None
     return expand_back(ctx, ctx.op.Div(ctx.dy[0], _count(ctx, axes)), axes), None
+
+
+@register("ReduceSumSquare")
+def reduce_sum_square(ctx: GradContext):
+    """y = sum x^2:  dx = 2 x dy."""
+    x = ctx.x[0]
+    return ctx.op.Mul(ctx.op.Mul(x, ctx.const_like(2.0, x)), expand_back(ctx, ctx.dy[0], reduced_axes(ctx))), None
+
+
+@register("ReduceL1")
+def reduce_l1(ctx: GradContext):
+    """y = sum |x|:  dx = sign(x) dy."""
+    return ctx.op.Mul(ctx.op.Sign(ctx.x[0]), expand_back(ctx, ctx.dy[0], reduced_axes(ctx))), None
+
+
+@register("ReduceL2")
+def reduce_l2(ctx: GradContext):
+    """y = sqrt(sum x^2):  dx = x dy / y."""
+    return ctx.op.Mul(ctx.x[0], expand_back(ctx, ctx.op.Div(ctx.dy[0], ctx.y[0]), reduced_axes(ctx))), None
+
+
+@register("ReduceLogSum")
+def reduce_log_sum(ctx: GradContext):
+    """y = log(sum x):  dx = dy / sum x = dy / e^y."""
+    return expand_back(ctx, ctx.op.Div(ctx.dy[0], ctx.op.Exp(ctx.y[0])), reduced_axes(ctx)), None
+
+
+@register("ReduceLogSumExp")
+def reduce_log_sum_exp(ctx: GradContext):
+    """y = log(sum e^x):  dx = dy e^(x - y), the softmax of x."""
+    axes = reduced_axes(ctx)
+    softmax = ctx.op.Exp(ctx.op.Sub(ctx.x[0], keep_dims(ctx, ctx.y[0], axes)))
+    return ctx.op.Mul(softmax, expand_back(ctx, ctx.dy[0], axes)), None
+
+
+@register("ReduceProd")
+def reduce_prod(ctx: GradContext):
+    """y = prod x:  dx = dy y / x (the product of the other elements; undefined where x = 0)."""
+    return ctx.op.Div(expand_back(ctx, ctx.op.Mul(ctx.dy[0], ctx.y[0]), reduced_axes(ctx)), ctx.x[0]), None
+
+
+@register("ReduceMax", "ReduceMin")
+def reduce_max(ctx: GradContext):
+    """dy goes to the elements equal to the extremum, split evenly between ties (as Max and Min)."""
+    x, axes = ctx.x[0], reduced_axes(ctx)
+    if axes == []:
+        return ctx.dy[0], None
+    hit = ctx.op.Cast(ctx.op.Equal(x, keep_dims(ctx, ctx.y[0], axes)), to=ctx.elem_type(x))
+    count = ctx.b.reduce("ReduceSum", hit, axes, keepdims=True)
+    return ctx.op.Mul(hit, ctx.op.Div(keep_dims(ctx, ctx.dy[0], axes), count)), None

@@ -7,19 +7,50 @@ import onnx
 
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.registry import register, register_zero_gradient
+from onnxtrain.errors import UnsupportedOpError
+from onnxtrain.ir.types import np_dtype
 
 register_zero_gradient(
-    "Shape", "Size", "ConstantOfShape", "Range", "NonZero", "Equal", "Less", "LessOrEqual", "Greater",
+    "Shape", "Size", "ConstantOfShape", "NonZero", "Equal", "Less", "LessOrEqual", "Greater",
     "GreaterOrEqual", "And", "Or", "Xor", "Not", "ArgMax", "ArgMin", "Floor", "Ceil", "Round", "Sign",
-    "IsNaN", "IsInf", "EyeLike", "OneHot", "RandomNormal", "RandomUniform", "RandomNormalLike",
-    "RandomUniformLike", "Bernoulli", "Multinomial", "Constant", "BitShift", "Mod",
+    "IsNaN", "IsInf", "EyeLike", "RandomNormal", "RandomUniform", "RandomNormalLike",
+    "RandomUniformLike", "Bernoulli", "Multinomial", "Constant", "BitShift",
 )
+
+
+@register("OneHot")
+def one_hot(ctx: GradContext):
+    """y = on_value where the index hits, off_value elsewhere (values = [off_value, on_value])."""
+    values = ctx.x[2]
+    if not ctx.is_float(values):
+        return None, None, None
+    dy, op = ctx.dy[0], ctx.op
+    hit = op.OneHot(ctx.x[0], ctx.x[1], ctx.b.const(np.array([0, 1], dtype=np_dtype(ctx.elem_type(values)))),
+                    axis=ctx.attr("axis", -1))
+    on = ctx.b.reduce("ReduceSum", op.Mul(dy, hit), None, keepdims=False)
+    total = ctx.b.reduce("ReduceSum", dy, None, keepdims=False)
+    return None, None, op.Concat(ctx.b.unsqueeze(op.Sub(total, on), [0]), ctx.b.unsqueeze(on, [0]), axis=0)
+
+
+@register("Range")
+def range_(ctx: GradContext):
+    """y_k = start + k delta (float ranges):  dstart = sum dy, ddelta = sum k dy; the limit only sets the length."""
+    start = ctx.x[0]
+    if not ctx.is_float(start):
+        return None, None, None
+    dy = ctx.dy[0]
+    k = ctx.op.Cast(ctx.op.Range(ctx.b.const(np.int64(0)), ctx.op.Size(dy), ctx.b.const(np.int64(1))),
+                    to=ctx.elem_type(start))
+    return (ctx.b.reduce("ReduceSum", dy, None, keepdims=False), None,
+            ctx.b.reduce("ReduceSum", ctx.op.Mul(dy, k), None, keepdims=False))
 
 
 def _reshape_back(ctx: GradContext):
     """Reshape, Flatten, Squeeze, Unsqueeze: dX is dY in the shape of X."""
     x = ctx.x[0]
     static = ctx.info(x).static_shape
+    if static is not None and 0 in static:     # an empty tensor (a 0 in a Reshape shape would copy a dim)
+        return (ctx.b.zeros_like(x, ctx.elem_type(x)), *[None] * (len(ctx.x) - 1))
     shape = ctx.b.ints(static) if static is not None else ctx.op.Shape(x)
     return (ctx.op.Reshape(ctx.dy[0], shape), *[None] * (len(ctx.x) - 1))
 
@@ -38,12 +69,40 @@ def expand(ctx: GradContext):
     return ctx.unbroadcast(ctx.dy[0], ctx.x[0]), None
 
 
+def shape_of(b, x: str, start: int = 0, end: int | None = None) -> str:
+    """Shape(x)[start:end] as a 1-D int64 tensor (Shape's start and end attributes exist from opset 15).
+
+    ``b`` is a GraphBuilder.
+    """
+    if b.opset >= 15:
+        return b.op.Shape(x, start=start or None, end=end)
+    if not start and end is None:
+        return b.op.Shape(x)
+    return b.op.Slice(b.op.Shape(x), b.ints([start]), b.ints([end if end is not None else np.iinfo(np.int64).max]))
+
+
+def scatter_add(ctx: GradContext, data: str, indices: str, updates: str, axis: int = 0, nd: bool = False) -> str:
+    """ScatterElements (or ScatterND) with reduction="add": the transpose of a gather with repeats.
+
+    The reduction attribute exists from opset 16; older models must be converted first.
+    """
+    op_type = "ScatterND" if nd else "ScatterElements"
+    if ctx.b.opset < 16:
+        raise UnsupportedOpError(
+            f"{ctx.node.op_type} node {ctx.node.name!r}: its gradient adds into repeated positions with "
+            f"{op_type}(reduction='add'), which needs opset 16 and the model is at opset {ctx.b.opset}. - help: "
+            f"convert the model first: onnx.version_converter.convert_version(model, 17)")
+    if nd:
+        return ctx.op.ScatterND(data, indices, updates, reduction="add")
+    return ctx.op.ScatterElements(data, indices, updates, axis=axis, reduction="add")
+
+
 def _axis_size(ctx: GradContext, x: str, axis: int) -> str:
     """Length of ``x`` along ``axis`` as a 1-D int64 tensor (a constant when the shape is static)."""
     shape = ctx.info(x).shape
     if shape is not None and isinstance(shape[axis], int):
         return ctx.b.ints([shape[axis]])
-    return ctx.op.Shape(x, start=axis, end=axis + 1 if axis != -1 else None)
+    return shape_of(ctx.b, x, axis, axis + 1 if axis != -1 else None)
 
 
 @register("Concat")
@@ -108,7 +167,7 @@ def gather(ctx: GradContext):
     zeros = ctx.b.zeros_like(data, ctx.elem_type(data))
     if axis:
         zeros = ctx.op.Transpose(zeros, perm=data_perm)
-    d = ctx.op.ScatterND(zeros, idx, dy, reduction="add")
+    d = scatter_add(ctx, zeros, idx, dy, nd=True)
     if axis:
         d = ctx.op.Transpose(d, perm=[int(i) for i in np.argsort(data_perm)])
     return d, None
@@ -118,4 +177,4 @@ def gather(ctx: GradContext):
 def gather_elements(ctx: GradContext):
     data, indices = ctx.x
     zeros = ctx.b.zeros_like(data, ctx.elem_type(data))
-    return ctx.op.ScatterElements(zeros, indices, ctx.dy[0], axis=ctx.attr("axis", 0), reduction="add"), None
+    return scatter_add(ctx, zeros, indices, ctx.dy[0], axis=ctx.attr("axis", 0)), None

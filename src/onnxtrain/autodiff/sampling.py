@@ -1,0 +1,253 @@
+"""Gradients of resampling ops: Resize and GridSample.
+
+Resize is linear in x and separable: along each resized axis a it multiplies by an (m_a, n_a) matrix M_a
+(nearest, linear, cubic, antialiased or not). dX applies every M_a^T to dY. Each M_a^T is obtained in the
+graph by resizing an identity matrix with the node's own attributes, so it matches the forward exactly,
+on whichever runtime runs it.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx
+
+from onnxtrain.autodiff.context import GradContext
+from onnxtrain.autodiff.registry import register
+from onnxtrain.autodiff.shape import scatter_add
+from onnxtrain.ir.types import np_dtype
+
+
+def _input(ctx: GradContext, i: int) -> str | None:
+    return ctx.x[i] if len(ctx.x) > i and ctx.x[i] else None
+
+
+def _full_rank(values, axes: list[int], rank: int, fill: float) -> list[float]:
+    """Per-axis values given for ``axes`` only, as one value per axis (``fill`` for the others)."""
+    full = [fill] * rank
+    for a, v in zip(axes, values):
+        full[a] = float(v)
+    return full
+
+
+@register("Resize")
+def resize(ctx: GradContext):
+    x, dy, op = ctx.x[0], ctx.dy[0], ctx.op
+    roi, scales, sizes = _input(ctx, 1), _input(ctx, 2), _input(ctx, 3)
+    in_shape, out_shape = ctx.info(x).static_shape, ctx.info(ctx.y[0]).static_shape
+    name = ctx.node.name or "Resize"
+    if in_shape is None or len(in_shape) < 2:
+        raise ValueError(f"Resize node {name!r}: the gradient needs a static input shape of rank 2 or more")
+    if ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise ValueError(f"Resize node {name!r}: no gradient for keep_aspect_ratio_policy="
+                         f"{ctx.attr('keep_aspect_ratio_policy')!r}; export with 'stretch'")
+    rank = len(in_shape)
+    axes = [a % rank for a in (ctx.attr("axes") or range(rank))]
+    crop = ctx.attr("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize"
+    given = sizes if sizes is not None else scales                # the op reads sizes when both are given
+    known = ctx.const_value(given) if given is not None else None
+    known = _full_rank(known.tolist(), axes, rank, 1.0) if known is not None else None
+    if known is None and ctx.attr("axes") is not None:
+        raise ValueError(f"Resize node {name!r}: the gradient needs constant scales or sizes when 'axes' is set")
+    roi_values = None
+    if crop:
+        roi_const = ctx.const_value(roi) if roi is not None else None
+        if roi_const is None:
+            raise ValueError(f"Resize node {name!r}: tf_crop_and_resize needs a constant roi for the gradient")
+        k = len(axes)
+        roi_values = (_full_rank(roi_const[:k].tolist(), axes, rank, 0.0),
+                      _full_rank(roi_const[k:].tolist(), axes, rank, 1.0))
+
+    def is_identity(a: int) -> bool:
+        if crop and (roi_values[0][a], roi_values[1][a]) != (0.0, 1.0):
+            return False
+        if known is not None:
+            return known[a] == (in_shape[a] if sizes is not None else 1.0)
+        return out_shape is not None and out_shape[a] == in_shape[a]
+
+    attrs = {k: ctx.attr(k) for k in ("mode", "coordinate_transformation_mode", "cubic_coeff_a",
+                                       "exclude_outside", "nearest_mode", "antialias")}
+    if crop:
+        attrs["extrapolation_value"] = 0.0       # outside the crop, y does not depend on x
+
+    g = dy
+    for a in (a for a in axes if not is_identity(a)):
+        n = in_shape[a]
+        # E holds the n basis vectors of axis a, stacked along another axis, which E's resize leaves alone.
+        stack = 0 if a else 1
+        e_shape = [1] * rank
+        e_shape[stack], e_shape[a] = n, n
+        eye = ctx.b.const(np.eye(n, dtype=np_dtype(ctx.elem_type(x))).reshape(e_shape))
+        roi_e = ""
+        if crop:
+            starts, ends = [0.0] * rank, [1.0] * rank
+            starts[a], ends[a] = roi_values[0][a], roi_values[1][a]
+            roi_e = ctx.b.const(np.asarray(starts + ends, dtype=np_dtype(ctx.elem_type(roi))))
+        # E's sizes or scales: axis a's own, and E's shape (scale 1) elsewhere; from the run-time tensor if need be.
+        onehot = np.zeros(rank, dtype=np_dtype(ctx.elem_type(given)))
+        onehot[a] = 1
+        keep = (np.asarray(e_shape) if sizes is not None else np.ones(rank)).astype(onehot.dtype) * (1 - onehot)
+        if known is not None:
+            target = ctx.b.const(np.where(onehot > 0, known[a], keep).astype(onehot.dtype))
+        else:
+            target = op.Add(op.Mul(given, ctx.b.const(onehot)), ctx.b.const(keep))
+        inputs = (eye, roi_e, "", target) if sizes is not None else (eye, roi_e, target)
+        basis = op.Resize(*inputs, **attrs)
+        # basis[j, i] = M_a[i, j]: row j is the resized j-th basis vector. Its length is read at run time,
+        # as runtimes disagree on some output sizes (tf_crop_and_resize).
+        basis = op.Reshape(basis, ctx.b.ints([n, -1] if stack < a else [-1, n]))
+        if stack < a:
+            basis = op.Transpose(basis, perm=[1, 0])                         # (m, n) = M_a
+        last = [*(i for i in range(rank) if i != a), a]                      # contract axis a, moved last
+        g = op.MatMul(op.Transpose(g, perm=last) if a != rank - 1 else g, basis)
+        if a != rank - 1:
+            g = op.Transpose(g, perm=[int(i) for i in np.argsort(last)])
+    return (g, *[None] * (len(ctx.x) - 1))
+
+
+# -- GridSample ---------------------------------------------------------------------------------------------
+
+def _unnormalize(ctx: GradContext, g: str, size: int, align: bool) -> tuple[str, float]:
+    """Pixel coordinate of a normalized coordinate in [-1, 1], and d(pixel)/d(normalized)."""
+    k = lambda v: ctx.const_like(v, ctx.x[0])  # noqa: E731
+    if align:   # -1 and 1 are the centers of the corner pixels
+        return ctx.op.Mul(ctx.op.Add(g, k(1.0)), k((size - 1) / 2)), (size - 1) / 2
+    return ctx.op.Div(ctx.op.Sub(ctx.op.Mul(ctx.op.Add(g, k(1.0)), k(float(size))), k(1.0)), k(2.0)), size / 2
+
+
+def _pad_coordinate(ctx: GradContext, v: str, size: int, align: bool, padding: str) -> tuple[str, str | None]:
+    """The coordinate the padding mode samples at, and its derivative (None for 1)."""
+    op = ctx.op
+    k = lambda val: ctx.const_like(val, ctx.x[0])  # noqa: E731
+    if padding == "zeros":
+        return v, None
+    if padding == "reflection":    # a triangle wave over [lo, hi]: lo + span * tri(t), t = (v - lo) / span
+        lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+        span = hi - lo
+        t = op.Div(op.Sub(v, k(lo)), k(span))
+        m = op.Sub(t, op.Mul(k(2.0), op.Floor(op.Div(t, k(2.0)))))           # t mod 2, in [0, 2)
+        v = op.Add(k(lo), op.Mul(k(span), op.Sub(k(1.0), op.Abs(op.Sub(m, k(1.0))))))
+        sign = op.Where(op.Less(m, k(1.0)), k(1.0), k(-1.0))
+    else:
+        sign = None
+    inside = op.And(op.Greater(v, k(0.0)), op.Less(v, k(size - 1.0)))
+    slope = op.Where(inside, sign if sign is not None else k(1.0), k(0.0))
+    return op.Clip(v, k(0.0), k(size - 1.0)), slope
+
+
+@register("GridSample")
+def grid_sample(ctx: GradContext):
+    """y[n, c, p] = sum over the corners q of w_q(grid[n, p]) x[n, c, q]  (2-D or 3-D, linear or nearest).
+
+    dX scatters dY w_q to the corners; dGrid = sum_c dY sum_q x_q dw_q/dgrid.
+    """
+    x, grid = ctx.x
+    dy, op = ctx.dy[0], ctx.op
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(ctx.attr("mode", "linear"), ctx.attr("mode", "linear"))
+    padding, align = ctx.attr("padding_mode", "zeros"), bool(ctx.attr("align_corners", 0))
+    name = ctx.node.name or "GridSample"
+    rank = ctx.rank(x)
+    unsupported = (mode == "nearest" and padding == "reflection") or (mode == "cubic" and padding != "zeros")
+    if rank not in (4, 5) or unsupported:
+        raise ValueError(f"GridSample node {name!r}: gradients cover 2-D and 3-D sampling, linear (any padding), "
+                         f"nearest (zeros or border) and cubic (zeros), not rank {rank}, mode={mode!r}, "
+                         f"padding_mode={padding!r}")
+    spatial = list(ctx.shape(x)[2:])
+    if not all(isinstance(d, int) for d in spatial):
+        raise ValueError(f"GridSample node {name!r}: the gradient needs static spatial dimensions of X")
+    nd = len(spatial)
+    k = lambda v: ctx.const_like(v, ctx.x[0])  # noqa: E731
+    column = ctx.b.ints([0, 1, -1])
+    # grid[..., j] is the coordinate along spatial axis nd - 1 - j (x is the last axis, W).
+    coords, scales, slopes = [], [], []
+    for axis, size in enumerate(spatial):
+        g = op.Reshape(op.Gather(grid, ctx.b.const(np.int64(nd - 1 - axis)), axis=-1), column)   # (N, 1, L)
+        v, scale = _unnormalize(ctx, g, size, align)
+        v, slope = _pad_coordinate(ctx, v, size, align, padding)
+        coords.append(v)
+        scales.append(scale)
+        slopes.append(slope)
+
+    if mode == "nearest":
+        corners = [([op.Round(v) for v in coords], None, None)]
+    else:
+        taps = [_taps(ctx, v, mode) for v in coords]     # per axis: (position, weight, d weight / d v)
+        corners = []
+        for choice in itertools.product(*(range(len(t)) for t in taps)):
+            # w_q = prod_a w_a;  dw_q / dv_a = w_a' prod_{b != a} w_b
+            picked = [taps[a][i] for a, i in enumerate(choice)]
+            w = _product(ctx, [p[1] for p in picked])
+            dws = [_product(ctx, [p[2], *(q[1] for b, q in enumerate(picked) if b != a)]) for a, p in enumerate(picked)]
+            corners.append(([p[0] for p in picked], w, dws))
+
+    strides = [int(np.prod(spatial[a + 1:])) for a in range(nd)]
+    x_flat = op.Reshape(x, ctx.b.ints([0, 0, int(np.prod(spatial))]))           # (N, C, S)
+    dy_flat = op.Reshape(dy, ctx.b.ints([0, 0, -1]))                            # (N, C, L)
+    target = op.Shape(dy_flat)
+    positions, updates, dvs = [], [], [[] for _ in range(nd)]
+    for corner, weight, dws in corners:
+        valid, flat = None, None
+        for a, (c, size) in enumerate(zip(corner, spatial)):
+            inside = op.And(op.GreaterOrEqual(c, k(0.0)), op.LessOrEqual(c, k(size - 1.0)))
+            valid = inside if valid is None else op.And(valid, inside)
+            ci = op.Cast(op.Clip(c, k(0.0), k(size - 1.0)), to=onnx.TensorProto.INT64)
+            term = op.Mul(ci, ctx.b.const(np.int64(strides[a]))) if strides[a] != 1 else ci
+            flat = term if flat is None else op.Add(flat, term)
+        index = op.Expand(flat, target)                                         # (N, C, L)
+        # Out of range, zeros padding reads 0; the other modes clamp (and then the weight is 0 or it is inside).
+        keep = op.Cast(valid, to=ctx.elem_type(x)) if padding == "zeros" else k(1.0)
+        positions.append(index)
+        updates.append(op.Mul(dy_flat, keep if weight is None else op.Mul(weight, keep)))
+        if weight is not None:
+            value = op.Mul(op.GatherElements(x_flat, index, axis=2), keep)     # (N, C, L)
+            for a in range(nd):
+                dvs[a].append(op.Mul(value, dws[a]))
+
+    zeros = ctx.b.zeros_like(x_flat, ctx.elem_type(x))
+    dx = scatter_add(ctx, zeros, op.Concat(*positions, axis=2), op.Concat(*updates, axis=2), axis=2)
+    dx = op.Reshape(dx, op.Shape(x))
+    if mode == "nearest":            # piecewise constant in the grid
+        return dx, None
+    grads = []
+    for a in reversed(range(nd)):    # grid component j is spatial axis nd - 1 - j
+        d = ctx.b.reduce("ReduceSum", op.Mul(dy_flat, op.Sum(*dvs[a])), [1], keepdims=True)     # (N, 1, L)
+        d = op.Mul(d, k(scales[a]))
+        grads.append(ctx.b.unsqueeze(d if slopes[a] is None else op.Mul(d, slopes[a]), [-1]))
+    return dx, op.Reshape(op.Concat(*grads, axis=-1), op.Shape(grid))
+
+
+def _taps(ctx: GradContext, v: str, mode: str) -> list[tuple[str, str, str]]:
+    """The sample positions along one axis around coordinate v, their weights and the weights' derivatives.
+
+    linear: floor(v) + (0, 1) with weights (1 - t, t). cubic: floor(v) + (-1, 0, 1, 2) with Keys' cubic
+    convolution weights (a = -0.75) at distances (t + 1, t, 1 - t, 2 - t), t = v - floor(v).
+    """
+    op = ctx.op
+    k = lambda c: ctx.const_like(c, ctx.x[0])  # noqa: E731
+    lo = op.Floor(v)
+    t = op.Sub(v, lo)
+    if mode == "linear":
+        return [(lo, op.Sub(k(1.0), t), k(-1.0)), (op.Add(lo, k(1.0)), t, k(1.0))]
+    a = -0.75
+
+    def far(u: str) -> tuple[str, str]:       # 1 <= |u| < 2: a u^3 - 5a u^2 + 8a u - 4a, and its derivative
+        w = op.Sub(op.Mul(op.Add(op.Mul(op.Sub(op.Mul(u, k(a)), k(5 * a)), u), k(8 * a)), u), k(4 * a))
+        return w, op.Add(op.Mul(op.Sub(op.Mul(u, k(3 * a)), k(10 * a)), u), k(8 * a))
+
+    def near(u: str) -> tuple[str, str]:      # |u| < 1: (a + 2) u^3 - (a + 3) u^2 + 1, and its derivative
+        w = op.Add(op.Mul(op.Mul(op.Sub(op.Mul(u, k(a + 2)), k(a + 3)), u), u), k(1.0))
+        return w, op.Mul(op.Sub(op.Mul(u, k(3 * (a + 2))), k(2 * (a + 3))), u)
+
+    taps = []
+    for offset, (w, dw_du), sign in ((-1.0, far(op.Add(t, k(1.0))), 1.0), (0.0, near(t), 1.0),
+                                     (1.0, near(op.Sub(k(1.0), t)), -1.0), (2.0, far(op.Sub(k(2.0), t)), -1.0)):
+        taps.append((op.Add(lo, k(offset)), w, dw_du if sign > 0 else op.Neg(dw_du)))
+    return taps
+
+
+def _product(ctx: GradContext, factors: list[str]) -> str:
+    out = factors[0] if factors else ctx.const_like(1.0, ctx.x[0])
+    for f in factors[1:]:
+        out = ctx.op.Mul(out, f)
+    return out
