@@ -246,3 +246,34 @@ def test_unsupported_op_names_op_node_and_path(tmp_path, monkeypatch):
     model.graph.node[1].name = "my_relu"
     with pytest.raises(UnsupportedOpError, match=r"'Relu'.*'my_relu'.*fc1\.weight -> Gemm\(h\) -> Relu"):
         generate_artifacts(model, loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path)
+
+
+def test_model_with_if_trains_the_branch_taken(tmp_path):
+    """Parameters read only inside If branches get gradients from the branch that ran."""
+    from onnx import TensorProto, helper
+
+    def branch(name, weight):
+        return helper.make_graph([helper.make_node("MatMul", ["input", weight], [f"{name}_out"])], name, [],
+                                 [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, None)])
+
+    rng = np.random.default_rng(0)
+    weights = {"w_then": rng.standard_normal((3, 2)).astype(np.float32),
+               "w_else": rng.standard_normal((3, 2)).astype(np.float32)}
+    graph = helper.make_graph(
+        [helper.make_node("If", ["flag"], ["output"], then_branch=branch("then", "w_then"),
+                          else_branch=branch("else", "w_else"))], "if_model",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3]),
+         helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 2])],
+        initializer=[onnx.numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    generate_artifacts(model, loss=LossType.MSELoss, optimizer=OptimType.SGD, artifact_directory=tmp_path)
+    for device in ("cpu", "reference"):
+        state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+        module = Module(tmp_path / "training_model.onnx", state, device=device)
+        x, t = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((4, 2)).astype(np.float32)
+        module(x, np.array(True), t)
+        expected = 2 * x.T @ (x @ weights["w_then"] - t) / t.size
+        np.testing.assert_allclose(state.parameters["w_then"].grad, expected, rtol=1e-4, atol=1e-6)
+        np.testing.assert_array_equal(state.parameters["w_else"].grad, 0)

@@ -16,7 +16,7 @@ from onnxtrain.artifacts.params import ParameterPlan
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.blocks.base import Block, BuildContext, building
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import constant_values, prune_nodes, used_names
+from onnxtrain.ir.passes import constant_values, node_inputs, prune_nodes, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
 __all__ = ["TrainingGraphs", "build_graphs"]
@@ -175,7 +175,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
 
 
 def _used(initializers, nodes) -> list[onnx.TensorProto]:
-    consumed = {x for n in nodes for x in n.input}
+    consumed = {x for n in nodes for x in node_inputs(n)}
     seen, out = set(), []
     for init in initializers:
         if init.name in consumed and init.name not in seen:

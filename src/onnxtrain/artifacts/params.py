@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from onnxtrain.ir.passes import node_inputs
 from onnxtrain.ir.types import FLOAT_TYPES
 
 __all__ = ["ParameterPlan", "plan_parameters", "batchnorm_buffers"]
@@ -85,7 +86,7 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
         if trainable_ops > len(graph.node):
             raise ValueError(f"trainable_ops={trainable_ops} but the model has only {len(graph.node)} nodes")
         last = graph.node[len(graph.node) - trainable_ops:] if trainable_ops else []
-        consumed = {x for n in last for x in n.input}
+        consumed = {x for n in last for x in node_inputs(n)}
         frozen += [n for n in trainable if n not in consumed and n not in frozen]
         trainable = [n for n in trainable if n in consumed]
     frozen = [n for n in frozen if n not in buffers]

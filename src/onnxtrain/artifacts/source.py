@@ -9,6 +9,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxtrain.ir.passes import node_inputs
+
 __all__ = ["SourceModel", "load_source_model", "MIN_OPSET"]
 
 MIN_OPSET = 17
@@ -85,7 +87,7 @@ def _unalias_initializers(graph: onnx.GraphProto, weights: dict[str, np.ndarray]
     if len(keep) != len(graph.node):
         del graph.node[:]
         graph.node.extend(keep)
-        used = {x for n in graph.node for x in n.input} | graph_outputs
+        used = {x for n in graph.node for x in node_inputs(n)} | graph_outputs
         for name in [w for w in weights if w not in used]:
             del weights[name]
 

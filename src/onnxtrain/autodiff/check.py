@@ -16,9 +16,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxtrain.autodiff.engine import build_gradients, node_inputs
+from onnxtrain.autodiff.engine import build_gradients
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import constant_values, used_names
+from onnxtrain.ir.passes import constant_values, node_inputs, used_names
 from onnxtrain.ir.types import infer_tensor_info
 
 __all__ = ["GradientReport", "check_gradients", "gradient_model", "run_model", "single_node_model"]

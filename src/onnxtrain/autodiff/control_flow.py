@@ -11,12 +11,12 @@ import onnx
 from onnx import helper
 
 from onnxtrain.autodiff.context import GradContext
-from onnxtrain.autodiff.engine import implicit_inputs, vjp
+from onnxtrain.autodiff.engine import vjp
 from onnxtrain.autodiff.registry import register
 from onnxtrain.autodiff.subgraph import infer_infos, value_info
 from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import constant_values
+from onnxtrain.ir.passes import constant_values, implicit_inputs
 
 UNSUPPORTED: dict[str, str] = {}
 

@@ -16,28 +16,10 @@ from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.registry import GRADIENT_RULES
 from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.builder import GraphBuilder
+from onnxtrain.ir.passes import implicit_inputs, node_inputs
 from onnxtrain.ir.types import TensorInfo, np_dtype
 
 __all__ = ["build_gradients", "vjp", "node_inputs", "implicit_inputs"]
-
-
-def implicit_inputs(node: onnx.NodeProto) -> list[str]:
-    """Outer-scope values the node's subgraphs (If/Loop/Scan bodies) read, in first-use order."""
-    captured: list[str] = []
-    for attr in node.attribute:
-        for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-            defined = {v.name for v in g.input} | {i.name for i in g.initializer}
-            for n in g.node:
-                for x in [*n.input, *implicit_inputs(n)]:
-                    if x and x not in defined and x not in captured:
-                        captured.append(x)
-                defined.update(n.output)
-    return captured
-
-
-def node_inputs(node: onnx.NodeProto) -> list[str]:
-    """The node's inputs followed by its implicit inputs: a rule returns one gradient for each."""
-    return [*node.input, *implicit_inputs(node)] if node.attribute else list(node.input)
 
 
 def _forward_reachable(nodes: Sequence[onnx.NodeProto], sources: set[str]) -> tuple[set[str], set[int]]:

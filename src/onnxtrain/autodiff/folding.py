@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxtrain.autodiff.engine import node_inputs
+from onnxtrain.ir.passes import node_inputs
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
 __all__ = ["fold_constants", "free_values", "infer_infos", "value_info"]

@@ -8,7 +8,26 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-__all__ = ["prune_nodes", "constant_values", "used_names"]
+__all__ = ["prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs"]
+
+
+def implicit_inputs(node: onnx.NodeProto) -> list[str]:
+    """Outer-scope values the node's subgraphs (If/Loop/Scan bodies) read, in first-use order."""
+    captured: list[str] = []
+    for attr in node.attribute:
+        for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+            defined = {v.name for v in g.input} | {i.name for i in g.initializer}
+            for n in g.node:
+                for x in [*n.input, *implicit_inputs(n)]:
+                    if x and x not in defined and x not in captured:
+                        captured.append(x)
+                defined.update(n.output)
+    return captured
+
+
+def node_inputs(node: onnx.NodeProto) -> list[str]:
+    """The node's inputs followed by its implicit inputs: a rule returns one gradient for each."""
+    return [*node.input, *implicit_inputs(node)] if node.attribute else list(node.input)
 
 
 def prune_nodes(nodes: Sequence[onnx.NodeProto], outputs: Iterable[str]) -> list[onnx.NodeProto]:
@@ -18,7 +37,7 @@ def prune_nodes(nodes: Sequence[onnx.NodeProto], outputs: Iterable[str]) -> list
     for node in reversed(nodes):
         if any(o in needed for o in node.output if o):
             kept.append(node)
-            needed.update(x for x in node.input if x)
+            needed.update(x for x in node_inputs(node) if x)
     kept.reverse()
     return kept
 

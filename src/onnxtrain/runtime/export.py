@@ -8,7 +8,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.ir.files import atomic_write_bytes
-from onnxtrain.ir.passes import prune_nodes
+from onnxtrain.ir.passes import node_inputs, prune_nodes
 from onnxtrain.ir.types import infer_tensor_info
 from onnxtrain.runtime.state import CheckpointState
 
@@ -26,7 +26,7 @@ def export_inference_model(eval_model: onnx.ModelProto, meta: dict, state: Check
         raise ValueError(f"cannot export: {unknown} are not values of the model (model outputs: "
                          f"{meta['model_outputs']})")
     nodes = prune_nodes(graph.node, output_names)
-    needed = {x for n in nodes for x in n.input} | set(output_names)
+    needed = {x for n in nodes for x in node_inputs(n)} | set(output_names)
     labels = [n for n in meta["labels"] if n in needed]
     if labels:
         raise ValueError(f"cannot export {output_names}: they depend on the label inputs {labels}")

@@ -12,7 +12,7 @@ import onnx
 from onnx import helper
 
 from onnxtrain import conventions as names
-from onnxtrain.ir.passes import prune_nodes
+from onnxtrain.ir.passes import node_inputs, prune_nodes
 
 __all__ = ["specialize_accumulation"]
 
@@ -23,7 +23,7 @@ def specialize_accumulation(model: onnx.ModelProto, params: list[str], reset: bo
     producers = {o: n for n in graph.node for o in n.output}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for n in graph.node:
-        for x in set(n.input):
+        for x in set(node_inputs(n)):
             consumers.setdefault(x, []).append(n)
     graph_outputs = {o.name for o in graph.output}
     rename: dict[str, str] = {}       # value -> new name (the gradient written straight into the output)
@@ -55,7 +55,7 @@ def specialize_accumulation(model: onnx.ModelProto, params: list[str], reset: bo
             n.output.extend(new_outputs)
         nodes.append(n)
     nodes = prune_nodes(nodes, [o.name for o in graph.output])
-    used = {x for n in nodes for x in n.input}
+    used = {x for n in nodes for x in node_inputs(n)}
     out = onnx.ModelProto()
     out.CopyFrom(model)
     del out.graph.node[:]

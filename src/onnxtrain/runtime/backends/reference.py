@@ -9,7 +9,7 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 
 from onnxtrain.runtime.backends.base import Session
-from onnxtrain.runtime.backends.reference_ops import PATCHED_OPS
+from onnxtrain.runtime.backends.reference_ops import PATCHED_OPS, name_omitted_outputs
 
 __all__ = ["ReferenceSession"]
 
@@ -17,7 +17,7 @@ __all__ = ["ReferenceSession"]
 class ReferenceSession(Session):
     def __init__(self, model: onnx.ModelProto):
         super().__init__(model)
-        self._evaluator = ReferenceEvaluator(model, new_ops=PATCHED_OPS)
+        self._evaluator = ReferenceEvaluator(name_omitted_outputs(model), new_ops=PATCHED_OPS)
 
     def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], fetch: list[str],
             state: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
