@@ -17,11 +17,11 @@ def check_device(device: str) -> None:
 
 
 def open_session(model: onnx.ModelProto, device: str = "cpu", session_options=None,
-                 memory_arena: bool = False) -> Session:
+                 memory_arena: bool = True) -> Session:
     """A session for ``model`` on ``device``: "cpu" (onnxruntime) or "reference" (onnx.reference).
 
-    ``session_options`` is used as given except that onnxruntime's CPU memory arena is switched off unless
-    ``memory_arena`` is True.
+    ``session_options`` is used as given except for memory: with ``memory_arena`` (the default) the session
+    allocates from one CPU arena shared by every onnxtrain session of the process, else from plain malloc.
     """
     check_device(device)
     if device in ("cpu", "ort", "onnxruntime"):

@@ -17,6 +17,20 @@ _SPINNING = "session.intra_op.allow_spinning"
 _MAX_BINDINGS = 8  # a training loop alternates between two sets of buffers; a few spare for other uses
 
 
+_SHARED_ARENA: list[ort.OrtMemoryInfo] = []
+
+
+def _use_shared_arena(session_options: ort.SessionOptions) -> None:
+    """Register (once per process) a CPU arena in onnxruntime's environment and make the session use it."""
+    if not _SHARED_ARENA:
+        info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+        # max_mem 0 (no limit), arena_extend_strategy 1 (kSameAsRequested), default chunk sizes
+        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 1, -1, -1))
+        _SHARED_ARENA.append(info)
+    session_options.enable_cpu_mem_arena = True
+    session_options.add_session_config_entry("session.use_env_allocators", "1")
+
+
 class _Binding:
     """One IOBinding with every persistent array bound (the arrays are kept alive here)."""
 
@@ -35,14 +49,17 @@ class OrtSession(Session):
     """One InferenceSession; each distinct set of persistent arrays gets an IOBinding, built once."""
 
     def __init__(self, model: onnx.ModelProto, session_options: ort.SessionOptions | None = None,
-                 memory_arena: bool = False):
+                 memory_arena: bool = True):
         super().__init__(model)
         if session_options is None:
             session_options = ort.SessionOptions()
-        # Training graphs run with fixed shapes step after step, so onnxruntime's memory-pattern planner
-        # already reuses one block per run; the CPU arena on top of it rounds allocations up and keeps them,
-        # which cost MobileNetV2 a third more resident memory (957 MB -> 598 MB without it).
-        session_options.enable_cpu_mem_arena = memory_arena
+        if memory_arena:
+            # All of onnxtrain's sessions (train, optimizer, eval) share one arena that grows by what is asked
+            # for: no page faults on fresh memory every step (MobileNetV2 410 -> 280 ms) and no per-session
+            # arenas rounding up to powers of two (1031 -> 937 MB peak).
+            _use_shared_arena(session_options)
+        else:
+            session_options.enable_cpu_mem_arena = False
         # A Module runs several sessions one after the other (train, optimizer, eval), each with its own
         # intra-op pool; threads that keep spinning after their session's run compete for the cores with the
         # next session's (on 2 cores this made the transformer step 73 ms instead of 39 ms). Unless the caller
