@@ -277,3 +277,13 @@ def test_model_with_if_trains_the_branch_taken(tmp_path):
         expected = 2 * x.T @ (x @ weights["w_then"] - t) / t.size
         np.testing.assert_allclose(state.parameters["w_then"].grad, expected, rtol=1e-4, atol=1e-6)
         np.testing.assert_array_equal(state.parameters["w_else"].grad, 0)
+
+
+def test_ort_format_files_load_in_a_stock_session(tmp_path):
+    generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path, ort_format=True)
+    for name in ARTIFACTS:
+        ort_file = tmp_path / name.replace(".onnx", ".ort")
+        assert ort_file.stat().st_size > 0
+        session = ort.InferenceSession(str(ort_file), providers=["CPUExecutionProvider"])
+        assert [i.name for i in session.get_inputs()] == [i.name for i in onnx.load(tmp_path / name).graph.input]

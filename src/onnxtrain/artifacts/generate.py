@@ -17,7 +17,7 @@ from onnxtrain.blocks.base import Block
 from onnxtrain.checkpoint import CheckpointData, save_checkpoint
 from onnxtrain.ir.files import atomic_write_bytes
 
-__all__ = ["generate_artifacts", "LossType", "OptimType"]
+__all__ = ["generate_artifacts", "LossType", "OptimType", "convert_to_ort"]
 
 
 class LossType(enum.Enum):
@@ -138,16 +138,18 @@ def generate_artifacts(
     paths["checkpoint"] = os.path.join(out_dir, f"{prefix}checkpoint")
     save_checkpoint(data, paths["checkpoint"])
     if ort_format:
-        _convert_to_ort([paths[k] for k in models])
+        convert_to_ort([paths[k] for k in models])
     return paths
 
 
-def _convert_to_ort(model_paths: list[str]) -> None:
+def convert_to_ort(model_paths: list[str]) -> None:
     """Write ``.ort`` next to each model with onnxruntime's own converter."""
     import onnxruntime as ort
 
     for path in model_paths:
         so = ort.SessionOptions()
+        # Extended, not all: level-3 rewrites are specific to this machine's CPU (NCHWc blocking, AVX kernels)
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         so.optimized_model_filepath = os.path.splitext(path)[0] + ".ort"
         so.add_session_config_entry("session.save_model_format", "ORT")
         ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])

@@ -126,7 +126,7 @@ def optimizer_block(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from onnxtrain.artifacts import generate_artifacts
-    from onnxtrain.artifacts.generate import _convert_to_ort
+    from onnxtrain.artifacts.generate import convert_to_ort
     from onnxtrain.cli.info import artifact_summary
     from onnxtrain.ir.files import atomic_write_bytes
 
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         training.metadata_props.add(key=TRAIN_CONFIG_KEY, value=json.dumps(config))
         atomic_write_bytes(paths["training"], training.SerializeToString())
     if args.ort_format:
-        _convert_to_ort([paths[k] for k in ("training", "eval", "optimizer") if k in paths])
+        convert_to_ort([paths[k] for k in ("training", "eval", "optimizer") if k in paths])
     print(f"wrote {', '.join(os.path.basename(p) for p in paths.values())} to {args.output}")
     for line in artifact_summary(args.output, args.prefix):
         print(line)
