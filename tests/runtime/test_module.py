@@ -110,11 +110,13 @@ def test_batchnorm_running_stats_update_in_training_and_drive_eval(tmp_path, rng
     generate_artifacts(models.conv_bn(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                        artifact_directory=tmp_path, additional_output_names=["output"])
     state, module = load(tmp_path)
-    assert sorted(state._buffers) == ["bn.running_mean", "bn.running_var"]
+    assert sorted(state.buffers) == ["bn.running_mean", "bn.running_var"]
+    with pytest.raises(ValueError, match="buffer 'bn.running_mean' is float32\\[4\\]"):
+        state.buffers["bn.running_mean"] = np.zeros(3, np.float32)
     x = (rng.standard_normal((6, 2, 6, 6)) * 2 + 1).astype(np.float32)
     y = rng.integers(0, 3, 6).astype(np.int64)
     module(x, y)
-    mean = state._buffers["bn.running_mean"].copy()
+    mean = state.buffers["bn.running_mean"]
     assert np.abs(mean).max() > 1e-3, "running mean was not updated"
     # the update is momentum * old + (1 - momentum) * batch mean of the conv output
     conv = ReferenceEvaluator(onnx.helper.make_model(onnx.helper.make_graph(
@@ -126,7 +128,7 @@ def test_batchnorm_running_stats_update_in_training_and_drive_eval(tmp_path, rng
     # eval mode uses the running statistics: changing them changes the eval output
     module.eval()
     _, out1 = module(x, y)
-    state._buffers["bn.running_mean"][...] += 1.0
+    state.buffers["bn.running_mean"] = mean + 1.0
     _, out2 = module(x, y)
     assert np.abs(out1 - out2).max() > 1e-3
 

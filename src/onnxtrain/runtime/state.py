@@ -10,7 +10,7 @@ import numpy as np
 from onnxtrain.checkpoint import CheckpointData, load_checkpoint, save_checkpoint
 from onnxtrain.runtime.storage import FlatStorage
 
-__all__ = ["CheckpointState", "Parameter", "Parameters", "Properties"]
+__all__ = ["CheckpointState", "Parameter", "Parameters", "Buffers", "Properties"]
 
 
 class Parameter:
@@ -71,6 +71,35 @@ class Parameters(Mapping[str, Parameter]):
         return f"Parameters({list(self)})"
 
 
+class Buffers(Mapping[str, np.ndarray]):
+    """Non-parameter state the training graph updates (BatchNorm running statistics): ``state.buffers[name]``
+    is a copy; ``state.buffers[name] = array`` sets it (shape and dtype checked)."""
+
+    def __init__(self, state: CheckpointState):
+        self._state = state
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._state._buffers:
+            raise KeyError(f"no buffer named {name!r}; buffers: {sorted(self._state._buffers)[:8]}")
+        return self._state._buffers[name].copy()
+
+    def __setitem__(self, name: str, value) -> None:
+        target = self._state._buffers.get(name)
+        if target is None:
+            raise KeyError(f"no buffer named {name!r}; buffers: {sorted(self._state._buffers)[:8]}")
+        value = np.asarray(value)
+        if value.shape != target.shape or value.dtype != target.dtype:
+            raise ValueError(f"buffer {name!r} is {target.dtype}{list(target.shape)}, got {value.dtype}"
+                             f"{list(value.shape)}")
+        target[...] = value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._state._buffers)
+
+    def __len__(self) -> int:
+        return len(self._state._buffers)
+
+
 class Properties(MutableMapping[str, "int | float | str"]):
     """The checkpoint's property bag: int, float and str values."""
 
@@ -124,6 +153,7 @@ class CheckpointState:
         self.step = data.step
         self._properties = dict(data.properties)
         self.parameters = Parameters(self)
+        self.buffers = Buffers(self)
         self.properties = Properties(self._properties)
 
     # -- the peer's API ---------------------------------------------------------------------------------
