@@ -45,7 +45,7 @@ def _model(template: onnx.ModelProto, graph: onnx.GraphProto, meta: dict) -> onn
     return model
 
 
-def _to_eval_mode(nodes: list[onnx.NodeProto], builder: GraphBuilder) -> list[onnx.NodeProto]:
+def _to_eval_mode(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     """Dropout off, BatchNormalization on running statistics (and without its training-only outputs)."""
     out = []
     for node in nodes:
@@ -62,36 +62,24 @@ def _to_eval_mode(nodes: list[onnx.NodeProto], builder: GraphBuilder) -> list[on
     return out
 
 
-def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: ParameterPlan, loss: Block,
-                 loss_input_names: Sequence[str] | None, additional_output_names: Sequence[str] | None,
-                 all_outputs_to_loss: bool) -> TrainingGraphs:
-    """Assemble the training graph (forward + loss + gradients + accumulation) and the eval graph."""
-    graph = model.graph
-    state = [*plan.trainable, *plan.frozen, *plan.buffers]
-    constants = {k: v for k, v in weights.items() if k not in state}
-    user_inputs = [i for i in graph.input if i.name not in weights]
-
-    # The forward graph with state as inputs and constants as initializers.
+def _forward_graph(graph: onnx.GraphProto, weights: dict[str, np.ndarray], state: list[str]) -> onnx.GraphProto:
+    """The forward graph with the state (parameters, buffers) as inputs and the other weights as constants."""
     fwd = copy.deepcopy(graph)
+    user_inputs = [i for i in graph.input if i.name not in weights]
     del fwd.input[:]
     fwd.input.extend(user_inputs)
     fwd.input.extend(helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(weights[n].dtype),
                                                    weights[n].shape) for n in state)
-    fwd.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in constants.items())
-    fwd_model = _model(model, fwd, {})
-    infos = infer_tensor_info(fwd_model)
+    fwd.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in weights.items() if k not in state)
+    return fwd
 
-    output_names = [o.name for o in graph.output]
-    loss_inputs = list(loss_input_names) if loss_input_names else (output_names if all_outputs_to_loss
-                                                                   else output_names[:1])
-    for name in [*loss_inputs, *(additional_output_names or [])]:
-        if name not in infos:
-            raise ValueError(f"{name!r} is not a value of the model (its outputs are {output_names})")
 
-    # Loss nodes, built by the block into the graph.
-    taken = used_names(fwd)
-    lb = GraphBuilder(model_opset(model), taken=taken)
-    def reinfer(ctx: BuildContext) -> dict[str, TensorInfo]:
+def _add_loss(model: onnx.ModelProto, fwd: onnx.GraphProto, infos: dict[str, TensorInfo], loss: Block,
+              loss_inputs: list[str]) -> tuple[GraphBuilder, list[onnx.ValueInfoProto], str]:
+    """Let the loss block build its nodes on the forward graph: (their builder, new label inputs, loss name)."""
+    lb = GraphBuilder(model_opset(model), taken=used_names(fwd))
+
+    def reinfer(ctx: BuildContext) -> dict[str, TensorInfo]:  # types of values the blocks made so far
         partial = copy.deepcopy(fwd)
         partial.node.extend(ctx.builder.nodes)
         partial.input.extend(ctx.new_inputs)
@@ -105,7 +93,59 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
         raise TypeError(f"the loss block {type(loss).__name__} must return one value name, got {loss_out!r}")
     loss_name = lb.unique("loss")
     lb.node("Identity", [loss_out], [loss_name])
-    labels = list(bctx.new_inputs)
+    return lb, list(bctx.new_inputs), loss_name
+
+
+def _accumulate(acc: GraphBuilder, grads: dict[str, str | None], params: list[str], infos: dict[str, TensorInfo]):
+    """out = reset ? g : buffer + g per parameter, as onnxruntime-training; returns (buffer inputs, outputs)."""
+    grad_inputs, grad_outputs = [], []
+    for p in params:
+        info = infos[p]
+        g = grads[p] or acc.zeros_like(p, info.elem_type)
+        buf, out = names.grad_buffer_name(p), names.grad_output_name(p)
+        acc.node("Where", [names.LAZY_RESET_GRAD, g, acc.op.Add(buf, g)], [out])
+        grad_inputs.append(helper.make_tensor_value_info(buf, info.elem_type, info.shape))
+        grad_outputs.append(helper.make_tensor_value_info(out, info.elem_type, info.shape))
+    return grad_inputs, grad_outputs
+
+
+def _buffer_outputs(acc: GraphBuilder, nodes: list[onnx.NodeProto], buffers: list[str],
+                    infos: dict[str, TensorInfo]) -> list[onnx.ValueInfoProto]:
+    """Expose the running statistics that training-mode BatchNormalization nodes compute as graph outputs."""
+    outputs = []
+    for node in nodes:
+        if node.op_type != "BatchNormalization" or not any(a.name == "training_mode" and a.i for a in node.attribute):
+            continue
+        outs = list(node.output) + [""] * (3 - len(node.output))
+        for k, buffer in ((1, node.input[3]), (2, node.input[4])):
+            if buffer in buffers:
+                outs[k] = outs[k] or acc.unique(f"{buffer}_new")
+                acc.node("Identity", [outs[k]], [names.buffer_output_name(buffer)])
+                outputs.append(helper.make_tensor_value_info(names.buffer_output_name(buffer),
+                                                             infos[buffer].elem_type, infos[buffer].shape))
+        del node.output[:]
+        node.output.extend(outs)
+    return outputs
+
+
+def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: ParameterPlan, loss: Block,
+                 loss_input_names: Sequence[str] | None, additional_output_names: Sequence[str] | None,
+                 all_outputs_to_loss: bool) -> TrainingGraphs:
+    """Assemble the training graph (forward + loss + gradients + accumulation) and the eval graph."""
+    graph = model.graph
+    state = [*plan.trainable, *plan.frozen, *plan.buffers]
+    extras = list(additional_output_names or [])
+    fwd = _forward_graph(graph, weights, state)
+    user_inputs = [i for i in fwd.input if i.name not in weights]
+    state_inputs = [i for i in fwd.input if i.name in weights]
+    infos = infer_tensor_info(_model(model, fwd, {}))
+
+    output_names = [o.name for o in graph.output]
+    loss_inputs = list(loss_input_names or (output_names if all_outputs_to_loss else output_names[:1]))
+    for name in [*loss_inputs, *extras]:
+        if name not in infos:
+            raise ValueError(f"{name!r} is not a value of the model (its outputs are {output_names})")
+    lb, labels, loss_name = _add_loss(model, fwd, infos, loss, loss_inputs)
 
     forward_nodes = [copy.deepcopy(n) for n in fwd.node] + lb.nodes
     full = copy.deepcopy(fwd)
@@ -115,63 +155,34 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     full.initializer.extend(lb.initializers)
     infos = infer_tensor_info(_model(model, full, {}))
 
-    # Gradients.
     gb = GraphBuilder(model_opset(model), taken=used_names(full), prefix="grad/")
-    grads = build_gradients(forward_nodes, loss_name, plan.trainable, gb, infos,
-                            constants={**constant_values(full)})
-
-    # Accumulation: out = reset ? g : buffer + g (as onnxruntime-training).
+    grads = build_gradients(forward_nodes, loss_name, plan.trainable, gb, infos, constants=constant_values(full))
     acc = GraphBuilder(model_opset(model), taken=used_names(full) | {n.name for n in gb.nodes} |
                        {o for n in gb.nodes for o in n.output}, prefix="acc/")
-    reset = names.LAZY_RESET_GRAD
-    grad_inputs, grad_outputs = [], []
-    for p in plan.trainable:
-        info = infos[p]
-        g = grads[p] or acc.zeros_like(p, info.elem_type)
-        buf, out = names.grad_buffer_name(p), names.grad_output_name(p)
-        acc.node("Where", [reset, g, acc.op.Add(buf, g)], [out])
-        grad_inputs.append(helper.make_tensor_value_info(buf, info.elem_type, info.shape))
-        grad_outputs.append(helper.make_tensor_value_info(out, info.elem_type, info.shape))
+    grad_inputs, grad_outputs = _accumulate(acc, grads, plan.trainable, infos)
+    buffer_outputs = _buffer_outputs(acc, forward_nodes, plan.buffers, infos)
 
-    # Buffers: the training-mode BatchNormalization nodes output the updated running statistics.
-    buffer_outputs = []
-    for node in forward_nodes:
-        if node.op_type == "BatchNormalization" and any(a.name == "training_mode" and a.i for a in node.attribute):
-            outs = list(node.output) + [""] * (3 - len(node.output))
-            for k, buffer in ((1, node.input[3]), (2, node.input[4])):
-                if buffer in plan.buffers:
-                    if not outs[k]:
-                        outs[k] = acc.unique(f"{buffer}_new")
-                    acc.node("Identity", [outs[k]], [names.buffer_output_name(buffer)])
-                    buffer_outputs.append(helper.make_tensor_value_info(names.buffer_output_name(buffer),
-                                                                        infos[buffer].elem_type, infos[buffer].shape))
-            del node.output[:]
-            node.output.extend(outs)
-
-    extra = [_value_info(n, infos.get(n)) for n in (additional_output_names or [])]
+    extra_outputs = [_value_info(n, infos.get(n)) for n in extras]
     loss_vi = _value_info(loss_name, infos.get(loss_name))
-    outputs = [loss_vi, *extra, *grad_outputs, *buffer_outputs]
-    all_nodes = prune_nodes([*forward_nodes, *gb.nodes, *acc.nodes], [o.name for o in outputs])
+    outputs = [loss_vi, *extra_outputs, *grad_outputs, *buffer_outputs]
+    train_nodes = prune_nodes([*forward_nodes, *gb.nodes, *acc.nodes], [o.name for o in outputs])
     train_graph = helper.make_graph(
-        all_nodes, "training",
-        [*user_inputs, *labels, *[i for i in fwd.input if i.name in state], *grad_inputs,
-         helper.make_tensor_value_info(reset, onnx.TensorProto.BOOL, [])],
-        outputs, initializer=_used([*full.initializer, *gb.initializers, *acc.initializers], all_nodes))
-    meta = {
+        train_nodes, "training",
+        [*user_inputs, *labels, *state_inputs, *grad_inputs,
+         helper.make_tensor_value_info(names.LAZY_RESET_GRAD, onnx.TensorProto.BOOL, [])],
+        outputs, initializer=_used([*full.initializer, *gb.initializers, *acc.initializers], train_nodes))
+    meta = json.dumps({
         "user_inputs": [i.name for i in user_inputs], "labels": [i.name for i in labels], "loss": loss_name,
-        "additional_outputs": list(additional_output_names or []), "trainable": plan.trainable,
-        "frozen": plan.frozen, "buffers": plan.buffers, "model_outputs": output_names,
-    }
-    training = _model(model, train_graph, {names.TRAINING_META: json.dumps(meta)})
+        "additional_outputs": extras, "trainable": plan.trainable, "frozen": plan.frozen, "buffers": plan.buffers,
+        "model_outputs": output_names,
+    })
+    training = _model(model, train_graph, {names.TRAINING_META: meta})
 
-    # Eval graph: forward in inference mode + loss.
-    eval_nodes = _to_eval_mode(forward_nodes, lb)
-    eval_nodes = prune_nodes(eval_nodes, [loss_name, *(additional_output_names or [])])
-    eval_graph = helper.make_graph(
-        eval_nodes, "eval", [*user_inputs, *labels, *[i for i in fwd.input if i.name in state]],
-        [loss_vi, *extra], initializer=_used([*full.initializer], eval_nodes))
-    evaluation = _model(model, eval_graph, {names.TRAINING_META: json.dumps(meta)})
-    return TrainingGraphs(training, evaluation, meta["user_inputs"], meta["labels"])
+    eval_nodes = prune_nodes(_to_eval_mode(forward_nodes), [loss_name, *extras])
+    eval_graph = helper.make_graph(eval_nodes, "eval", [*user_inputs, *labels, *state_inputs],
+                                   [loss_vi, *extra_outputs], initializer=_used(full.initializer, eval_nodes))
+    evaluation = _model(model, eval_graph, {names.TRAINING_META: meta})
+    return TrainingGraphs(training, evaluation, [i.name for i in user_inputs], [i.name for i in labels])
 
 
 def _used(initializers, nodes) -> list[onnx.TensorProto]:
