@@ -12,6 +12,7 @@ import numpy as np
 
 from onnxtrain.api import CheckpointState, Module, Optimizer
 from onnxtrain.federated.spec import ParamSpec
+from onnxtrain.runtime.loop import batches, evaluate, train_epoch
 
 __all__ = ["ARTIFACT_FILES", "artifact_paths", "LocalModel", "Evaluation"]
 
@@ -69,30 +70,20 @@ class LocalModel:
             raise ValueError("no training examples on this device")
         self.optimizer.set_learning_rate(learning_rate)
         self.module.train()
-        total = 0.0
-        for _ in range(epochs):
-            order, total = rng.permutation(len(x)), 0.0
-            for start in range(0, len(x), batch_size):
-                batch = order[start:start + batch_size]
-                total += _loss(self.module(x[batch], y[batch])) * len(batch)
-                self.optimizer.step()
-                self.module.lazy_reset_grad()
-        return total / len(x)
+        seed, loss = int(rng.integers(2**31)), float("nan")
+        for epoch in range(epochs):
+            loss = train_epoch(self.module, self.optimizer,
+                               batches(x, y, batch_size, shuffle=True, seed=seed, epoch=epoch)).loss
+        return loss
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> Evaluation:
         """Mean loss and, if the eval graph returns predictions after the loss, accuracy (argmax on axis 1)."""
         if len(x) == 0:
             raise ValueError("no evaluation examples")
         self.module.eval()
-        loss, correct, has_predictions = 0.0, 0, False
-        for start in range(0, len(x), batch_size):
-            xb, yb = x[start:start + batch_size], y[start:start + batch_size]
-            out = self.module(xb, yb)
-            loss += _loss(out) * len(xb)
-            if isinstance(out, list) and len(out) > 1 and out[1].ndim == 2 and out[1].shape[0] == len(xb):
-                has_predictions = True
-                correct += int(np.sum(np.argmax(out[1], axis=1) == yb))
-        return Evaluation(loss / len(x), correct / len(x) if has_predictions else None, len(x))
+        has_predictions = len(self.module.output_names()) > 1
+        result = evaluate(self.module, batches(x, y, batch_size), metrics=["accuracy"] if has_predictions else [])
+        return Evaluation(result.loss, result.metrics.get("accuracy"), result.num_examples)
 
     def save(self, directory: str | os.PathLike, model_name: str = "model.onnx") -> dict[str, str]:
         """Write ``checkpoint`` and the inference model ``model_name`` into ``directory``, each atomically."""
@@ -101,7 +92,3 @@ class LocalModel:
         CheckpointState.save_checkpoint(self.state, paths["checkpoint"])
         self.module.export_model_for_inferencing(paths["model"])
         return paths
-
-
-def _loss(out) -> float:
-    return float(out[0] if isinstance(out, list) else out)
