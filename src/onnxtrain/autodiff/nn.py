@@ -89,6 +89,14 @@ def _conv_weight_grad(ctx: GradContext, x: str, dy: str, w_shape, strides, dilat
                  for i in range(n)]
         if reach != list(out_size):  # (ConvTranspose's weight gradient) positions past dY are never used
             patches = op.Slice(patches, b.ints([0] * n), b.ints(out_size), b.ints(list(range(2, 2 + n))))
+    if group == 1 and c_out * c_in * window > 2 * positions * (c_out + c_in * window):
+        # Few positions, many channels (the late 1x1 layers): one GEMM over (N*P) after moving the batch next
+        # to the positions costs two passes over the activations instead of N full-size partial products.
+        rows = op.Reshape(op.Transpose(op.Reshape(patches, b.ints([0, c_in * window, positions])), perm=[1, 0, 2]),
+                          b.ints([c_in * window, -1]))                            # (Ci*K, N*P)
+        grads = op.Reshape(op.Transpose(op.Reshape(dy, b.ints([0, c_out, positions])), perm=[1, 0, 2]),
+                           b.ints([c_out, -1]))                                   # (Co, N*P)
+        return op.Reshape(op.Gemm(grads, rows, transB=1), b.ints([c_out, c_in_g, *kernel]))
     pg = op.Reshape(patches, b.ints([0, group, c_in_g * window, positions]))
     dg = op.Reshape(dy, b.ints([0, group, c_out_g, positions]))
     per_sample = op.MatMul(dg, op.Transpose(pg, perm=[0, 1, 3, 2]))                # (N, G, Co, Ci*K)
@@ -169,6 +177,8 @@ def _conv_input_gradient(ctx: GradContext, dy: str, w: str, w_shape, group: int,
             w = op.Transpose(w, perm=[0, 2, 1, *range(3, 3 + n)])
             w = op.Reshape(w, b.ints([group * c_in_g, c_out_g, *kernel]))
         spatial = list(range(2, 2 + n))
+        if all(k == 1 for k in kernel):  # nothing to flip
+            return op.Conv(dy, w, pads=back_pads, dilations=dilations, group=group)
         flipped = op.Slice(w, b.ints([-1] * n), b.ints([-(2**62)] * n), b.ints(spatial), b.ints([-1] * n))
         return op.Conv(dy, flipped, pads=back_pads, dilations=dilations, group=group)
     # Strided: the transposed convolution, with output_padding for the rows/cols the stride skipped.
