@@ -52,9 +52,16 @@ def write_curve(records: list[dict], path: str, title: str = "") -> bool:
         ax.legend()
     if title:
         fig.suptitle(title)
+    save_figure(fig, path)
+    return True
+
+
+def save_figure(fig, path: str) -> None:
+    """Lay out, write to a temporary file beside ``path`` and rename it over ``path``; close the figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     tmp = f"{path}.tmp.png"
     fig.savefig(tmp, dpi=100)
     plt.close(fig)
     os.replace(tmp, path)
-    return True

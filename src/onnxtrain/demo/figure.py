@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 __all__ = ["write_predictions_figure"]
@@ -12,7 +10,7 @@ __all__ = ["write_predictions_figure"]
 def write_predictions_figure(images: np.ndarray, labels: np.ndarray, before: np.ndarray, after: np.ndarray,
                              path: str, count: int = 12) -> bool:
     """A row of ``count`` digits titled "before -> after" (green when right); False without matplotlib."""
-    from onnxtrain.cli.plot import have_matplotlib
+    from onnxtrain.cli.plot import have_matplotlib, save_figure
 
     if not have_matplotlib():
         return False
@@ -30,9 +28,5 @@ def write_predictions_figure(images: np.ndarray, labels: np.ndarray, before: np.
         ax.set_title(f"{before[i]}\u2192{after[i]}", fontsize=10, color="green" if after[i] == labels[i] else "red")
         ax.axis("off")
     fig.suptitle("the user's digits: prediction before \u2192 after personalization", fontsize=9)
-    fig.tight_layout()
-    tmp = f"{path}.tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path)
     return True
