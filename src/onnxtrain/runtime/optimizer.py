@@ -44,7 +44,7 @@ class Optimizer:
         layout = meta["layout"]
         if layout != state._params.layout:
             raise ArtifactError("the optimizer model does not match the checkpoint's trainable parameters "
-                             f"({len(layout)} in the optimizer, {len(state._params.layout)} in the checkpoint)")
+                                f"({len(layout)} in the optimizer, {len(state._params.layout)} in the checkpoint)")
         self._session = open_artifact_session(model, "optimizer model", module._device, module._session_options)
         self.state_names = tuple(meta["states"])
         self.config = meta["config"]

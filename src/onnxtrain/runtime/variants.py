@@ -27,7 +27,7 @@ def specialize_accumulation(model: onnx.ModelProto, params: list[str], reset: bo
             consumers.setdefault(x, []).append(n)
     graph_outputs = {o.name for o in graph.output}
     rename: dict[str, str] = {}       # value -> new name (the gradient written straight into the output)
-    replaced: dict[int, onnx.NodeProto] = {}
+    replaced: dict[int, list[onnx.NodeProto]] = {}  # id of each Where -> the nodes that take its place
     for p in params:
         out = names.grad_output_name(p)
         where = producers.get(out)
@@ -39,14 +39,13 @@ def specialize_accumulation(model: onnx.ModelProto, params: list[str], reset: bo
         only_here = all(c is where or c is accumulate for c in consumers.get(chosen, []))
         if chosen in producers and only_here and chosen not in graph_outputs and chosen not in rename:
             rename[chosen] = out
-            replaced[id(where)] = None  # type: ignore[assignment]
+            replaced[id(where)] = []
         else:
-            replaced[id(where)] = helper.make_node("Identity", [chosen], [out], name=f"{out}/select")
+            replaced[id(where)] = [helper.make_node("Identity", [chosen], [out], name=f"{out}/select")]
     nodes = []
     for n in graph.node:
         if id(n) in replaced:
-            if replaced[id(n)] is not None:
-                nodes.append(replaced[id(n)])
+            nodes.extend(replaced[id(n)])
             continue
         if any(o in rename for o in n.output):
             n = _copy(n)
