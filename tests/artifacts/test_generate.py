@@ -45,6 +45,9 @@ def test_every_artifact_is_plain_onnx_and_runs_on_both_engines(model, tmp_path):
         foreign = [n.op_type for n in proto.graph.node if n.domain not in ("", "ai.onnx")]
         assert not foreign, f"{file} uses non-default domains: {foreign}"
         assert proto.ir_version <= 10 and proto.opset_import[0].version >= 17
+        copies = [n.output[0] for n in proto.graph.node if n.op_type == "Identity"
+                  and n.output[0] in {o.name for o in proto.graph.output}]
+        assert not copies, f"{file}: outputs copied through Identity (a pass over memory per run): {copies}"
         feeds = {}
         for i in proto.graph.input:
             if i.name in state:

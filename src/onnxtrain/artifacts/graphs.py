@@ -16,7 +16,7 @@ from onnxtrain.artifacts.params import ParameterPlan
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.blocks.base import Block, BuildContext, building
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import constant_values, node_inputs, prune_nodes, used_names
+from onnxtrain.ir.passes import constant_values, fold_output_identities, node_inputs, prune_nodes, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
 __all__ = ["TrainingGraphs", "build_graphs"]
@@ -171,6 +171,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
         [*user_inputs, *labels, *state_inputs, *grad_inputs,
          helper.make_tensor_value_info(names.LAZY_RESET_GRAD, onnx.TensorProto.BOOL, [])],
         outputs, initializer=_used([*full.initializer, *gb.initializers, *acc.initializers], train_nodes))
+    fold_output_identities(train_graph)
     meta = json.dumps({
         "user_inputs": [i.name for i in user_inputs], "labels": [i.name for i in labels], "loss": loss_name,
         "additional_outputs": extras, "trainable": plan.trainable, "frozen": plan.frozen, "buffers": plan.buffers,
@@ -181,6 +182,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     eval_nodes = prune_nodes(_to_eval_mode(forward_nodes), [loss_name, *extras])
     eval_graph = helper.make_graph(eval_nodes, "eval", [*user_inputs, *labels, *state_inputs],
                                    [loss_vi, *extra_outputs], initializer=_used(full.initializer, eval_nodes))
+    fold_output_identities(eval_graph)
     evaluation = _model(model, eval_graph, {names.TRAINING_META: meta})
     return TrainingGraphs(training, evaluation, [i.name for i in user_inputs], [i.name for i in labels])
 

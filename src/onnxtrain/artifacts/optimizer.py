@@ -12,6 +12,7 @@ from onnxtrain import conventions as names
 from onnxtrain.blocks.base import BuildContext, building
 from onnxtrain.blocks.optim import Optimizer, OptimizerInputs
 from onnxtrain.ir.builder import GraphBuilder
+from onnxtrain.ir.passes import fold_output_identities
 
 __all__ = ["build_optimizer_model"]
 
@@ -54,6 +55,7 @@ def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], o
         [vec(names.output_name(n)) for n in [names.PARAMS, *optimizer.state_names]]
         + [helper.make_tensor_value_info(names.GRADIENTS_FINITE, onnx.TensorProto.BOOL, [])],
         initializer=b.initializers)
+    fold_output_identities(graph)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="onnxtrain")
     model.ir_version = ir_version
     layout = [{"name": k, "shape": list(v.shape)} for k, v in params.items()]

@@ -8,7 +8,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-__all__ = ["prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs"]
+__all__ = ["prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs",
+           "fold_output_identities"]
 
 
 def implicit_inputs(node: onnx.NodeProto) -> list[str]:
@@ -68,3 +69,38 @@ def used_names(graph: onnx.GraphProto) -> set[str]:
         names.add(node.name)
     names.discard("")
     return names
+
+
+def fold_output_identities(graph: onnx.GraphProto) -> int:
+    """Let the producer of ``Identity(x) -> graph output`` write the graph output itself; returns how many.
+
+    onnxruntime copies a value that is both read by other nodes and passed to an output through Identity
+    (one full pass over the tensor per run); written directly, the output buffer is the value.
+    Left alone: x a graph input, initializer or output, or read by a subgraph.
+    """
+    outputs = {o.name for o in graph.output}
+    producers = {o: n for n in graph.node for o in n.output if o}
+    captured = {x for n in graph.node if n.attribute for x in implicit_inputs(n)}
+    rename: dict[str, str] = {}
+    dropped: set[int] = set()
+    for node in graph.node:
+        if node.op_type != "Identity" or node.output[0] not in outputs:
+            continue
+        x = node.input[0]
+        if x in producers and x not in outputs and x not in captured and x not in rename:
+            rename[x] = node.output[0]
+            dropped.add(id(node))
+    if not rename:
+        return 0
+    kept = [n for n in graph.node if id(n) not in dropped]
+    for node in kept:
+        for field in (node.input, node.output):
+            for i, x in enumerate(field):
+                if x in rename:
+                    field[i] = rename[x]
+    del graph.node[:]
+    graph.node.extend(kept)
+    kept_infos = [vi for vi in graph.value_info if vi.name not in rename]  # the outputs carry the types
+    del graph.value_info[:]
+    graph.value_info.extend(kept_infos)
+    return len(rename)
