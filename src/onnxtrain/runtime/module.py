@@ -120,6 +120,12 @@ class Module:
         self._reset_pending = True
         self._buffer_spare = {n: np.empty_like(a) for n, a in state._buffers.items()}
         self._session_for(True)  # the session a training loop needs first; a broken model fails here
+        # Train step and optimizer update in one run (fusion.py), once an Optimizer is attached and the loop
+        # steps after every call: the update waits in the spare buffers until optimizer.step() swaps it in.
+        self._optimizer = None
+        self._fused: dict[bool, tuple | None] = {}
+        self._pending_update: tuple | None = None
+        self._calls_since_step, self._calls_last_cycle = 0, 1
         self.training = True
         self.nonfinite_steps = 0
         self._last_loss_finite = True
@@ -179,10 +185,19 @@ class Module:
         self._reset[...] = self._reset_pending
         state[names.LAZY_RESET_GRAD] = self._reset
         out = {self._train_outputs[0].name: self._loss}
-        out.update({names.grad_output_name(p): g for p, g in st._grads.spare_views().items()})
         out.update({names.buffer_output_name(b): self._buffer_spare[b] for b in st._buffers})
-        session = self._session_for(self._reset_pending)
+        self._pending_update = None
+        fused = self._fused_session_for(self._reset_pending) if self._fusing() else None
+        if fused is not None:
+            session, fused_names = fused
+            self._optimizer._bind_fused(fused_names, state, out)
+        else:
+            session = self._session_for(self._reset_pending)
+            out.update({names.grad_output_name(p): g for p, g in st._grads.spare_views().items()})
         extras = session.run(feeds, out, list(self._meta["additional_outputs"]), state=state)
+        if fused is not None:
+            self._pending_update = self._optimizer._update_key()
+        self._calls_since_step += 1
         st._grads.swap()
         for b in st._buffers:
             st._buffers[b], self._buffer_spare[b] = self._buffer_spare[b], st._buffers[b]
@@ -198,6 +213,38 @@ class Module:
             self._variants[reset] = open_artifact_session(variant or self._train_model, "training model",
                                                           self._device, self._session_options)
         return self._variants[reset]
+
+    def _fusing(self) -> bool:
+        """Fuse when an optimizer is attached and the last cycle had one training call per optimizer step (an
+        accumulation loop would throw the update away at every call but the last)."""
+        return self._optimizer is not None and self._calls_since_step == 0 and self._calls_last_cycle == 1
+
+    def _fused_session_for(self, reset: bool):
+        """(session, names) of the training graph fused with the optimizer graph, or None if they cannot be."""
+        if reset not in self._fused:
+            from onnxtrain.runtime.fusion import fuse_optimizer
+
+            variant = specialize_accumulation(self._train_model, self._meta["trainable"], reset)
+            fused = fuse_optimizer(variant or self._train_model, self._optimizer._model, self._meta["trainable"])
+            if fused is not None:
+                session = open_artifact_session(fused[0], "training model fused with the optimizer", self._device,
+                                                self._session_options)
+                fused = (session, fused[1])
+            self._fused[reset] = fused
+        return self._fused[reset]
+
+    def _attach_optimizer(self, optimizer) -> None:
+        """The Optimizer created on this module (the last one, if several); its update may be fused."""
+        self._optimizer = optimizer
+        self._fused.clear()
+        self._pending_update = None
+
+    def _take_pending_update(self):
+        """Called by optimizer.step(): the key of the update a fused run prepared (None if none), and the
+        training-call count of the cycle that ends."""
+        pending, self._pending_update = self._pending_update, None
+        self._calls_last_cycle, self._calls_since_step = self._calls_since_step, 0
+        return pending
 
     def _check_loss(self) -> None:
         self._last_loss_finite = bool(np.isfinite(self._loss))
@@ -240,6 +287,7 @@ class Module:
         if flat.dtype != st._params.dtype:
             raise TypeError(f"copy_buffer_to_parameters expects dtype {st._params.dtype}, got {flat.dtype}")
         st._params.current[...] = flat[:st._params.size]
+        st._mutations += 1
         offset = st._params.size
         if not trainable_only:
             for a in st._frozen.values():

@@ -45,6 +45,7 @@ class Optimizer:
         if layout != state._params.layout:
             raise ArtifactError("the optimizer model does not match the checkpoint's trainable parameters "
                                 f"({len(layout)} in the optimizer, {len(state._params.layout)} in the checkpoint)")
+        self._model = model
         self._session = open_artifact_session(model, "optimizer model", module._device, module._session_options)
         self.state_names = tuple(meta["states"])
         self.config = meta["config"]
@@ -55,6 +56,7 @@ class Optimizer:
         # Optimizer graphs with a finiteness output check the gradients in the same run (no extra numpy pass).
         self._checks_finite = any(o.name == names.GRADIENTS_FINITE for o in model.graph.output)
         self._finite = np.zeros((), dtype=bool)
+        module._attach_optimizer(self)
 
     def _skip(self, reason: str) -> None:
         self.skipped_steps += 1
@@ -66,13 +68,43 @@ class Optimizer:
     def get_learning_rate(self) -> float:
         return float(self._lr)
 
+    def _update_key(self) -> tuple:
+        """What an update depends on besides the gradients: a prepared update is used only if this is unchanged."""
+        state = self._module._state
+        return id(self), float(self._lr), state.step, state._mutations
+
+    def _bind_fused(self, fused, inputs: dict, out: dict) -> None:
+        """Add the optimizer's inputs and outputs, under their fused names, to a fused training run's."""
+        state = self._module._state
+        self._step[...] = state.step + 1
+        inputs.update({fused(names.LEARNING_RATE): self._lr, fused(names.STEP): self._step,
+                       fused(names.PARAMS): state._params.current})
+        inputs.update({fused(s): st.current for s, st in self._states.items()})
+        out[fused(names.GRADIENTS)] = state._grads.spare
+        out[fused(names.output_name(names.PARAMS))] = state._params.spare
+        out.update({fused(names.output_name(s)): st.spare for s, st in self._states.items()})
+        if self._checks_finite:
+            out[fused(names.GRADIENTS_FINITE)] = self._finite
+
     def step(self) -> None:
         """One update of every trainable parameter (skipped, with a warning, if the gradients are not finite)."""
         module, state = self._module, self._module._state
+        prepared = module._take_pending_update() == self._update_key()
         if not module._last_loss_finite:
             return self._skip("the loss is not finite")
         if not self._checks_finite and not np.isfinite(state._grads.current.sum()):
             return self._skip("the gradients are not finite")
+        if not prepared:  # no fused training run computed this update already
+            self._run_update()
+        if self._checks_finite and not self._finite:
+            return self._skip("the gradients are not finite")  # the results went to the spare buffers only
+        state._params.swap()
+        for st in self._states.values():
+            st.swap()
+        state.step += 1
+
+    def _run_update(self) -> None:
+        state = self._module._state
         self._step[...] = state.step + 1
         inputs = {names.LEARNING_RATE: self._lr, names.STEP: self._step, names.PARAMS: state._params.current,
                   names.GRADIENTS: state._grads.current}
@@ -82,9 +114,3 @@ class Optimizer:
         if self._checks_finite:
             out[names.GRADIENTS_FINITE] = self._finite
         self._session.run({}, out, [], state=inputs)
-        if self._checks_finite and not self._finite:
-            return self._skip("the gradients are not finite")  # the results went to the spare buffers only
-        state._params.swap()
-        for st in self._states.values():
-            st.swap()
-        state.step += 1

@@ -150,6 +150,7 @@ class CheckpointState:
         self._buffers = {n: np.ascontiguousarray(a) for n, a in data.buffers.items()}
         self._optimizer_data = data.optimizer
         self._optimizer_states: dict[str, FlatStorage] = {}
+        self._mutations = 0  # parameter writes through the API (an update prepared before one is stale)
         self.step = data.step
         self._properties = dict(data.properties)
         self.parameters = Parameters(self)
@@ -200,6 +201,7 @@ class CheckpointState:
         if value.dtype != target.dtype:
             raise TypeError(f"parameter {name!r} has dtype {target.dtype}, got a value of dtype {value.dtype}")
         target[...] = value
+        self._mutations += 1
 
     def optimizer_storage(self, state_names: tuple[str, ...]) -> dict[str, FlatStorage]:
         """Flat storage for each optimizer state, initialised from the checkpoint (zeros if absent)."""

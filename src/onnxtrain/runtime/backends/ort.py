@@ -13,7 +13,7 @@ from onnxtrain.runtime.backends.base import Session
 
 __all__ = ["OrtSession"]
 
-_SPINNING = "session.intra_op.allow_spinning"
+_STOP_SPINNING = "session.force_spinning_stop"
 _MAX_BINDINGS = 8  # a training loop alternates between two sets of buffers; a few spare for other uses
 
 
@@ -68,11 +68,12 @@ class OrtSession(Session):
             _use_shared_arena(session_options)
         else:
             session_options.enable_cpu_mem_arena = False
-        # A Module runs several sessions one after the other (train, optimizer, eval), each with its own
-        # intra-op pool; threads that keep spinning after their session's run compete for the cores with the
-        # next session's (on 2 cores this made the transformer step 73 ms instead of 39 ms). Unless the caller
-        # chose otherwise, idle threads sleep.
-        _set_default(session_options, _SPINNING, "0")
+        # A Module runs several sessions one after the other (train, optimizer, eval). Idle intra-op threads
+        # that keep spinning after their session's run compete for the cores with the next session's (on 2
+        # cores the transformer step took 73 ms instead of 39), but threads that sleep between ops pay a wake-up
+        # per parallel op (MLP step 1.25 -> 1.0 ms with spinning). Unless the caller chose otherwise, threads
+        # spin during a run and stop when it returns.
+        _set_default(session_options, _STOP_SPINNING, "1")
         self._session = ort.InferenceSession(model.SerializeToString(), sess_options=session_options,
                                              providers=["CPUExecutionProvider"])
         self._bindings: OrderedDict[tuple, _Binding] = OrderedDict()
