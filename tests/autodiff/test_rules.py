@@ -266,6 +266,12 @@ row("ConvTranspose", {"x": randn(1, 2, 5), "w": randn(2, 1, 4)}, {"strides": [3]
     torch=lambda x, w: F().conv_transpose1d(x, w, stride=3))
 row("MaxPool", {"x": distinct(2, 2, 5, 6)}, {"kernel_shape": [3, 2], "strides": [2, 2], "pads": [1, 0, 1, 0]},
     torch=lambda x: F().max_pool2d(x, (3, 2), (2, 2), padding=(1, 0)))
+row("MaxPool", {"x": distinct(2, 3, 4, 6)}, {"kernel_shape": [2, 2], "strides": [2, 2]}, tag="tiled",
+    torch=lambda x: F().max_pool2d(x, 2))
+row("MaxPool", {"x": distinct(2, 2, 5, 7)}, {"kernel_shape": [2, 3], "strides": [3, 3], "pads": [0, 1, 0, 1]},
+    tag="apart_padded_remainder", torch=lambda x: F().max_pool2d(x, (2, 3), 3, padding=(0, 1)))
+row("MaxPool", {"x": distinct(2, 3, 9)}, {"kernel_shape": [3], "strides": [3], "storage_order": 0}, tag="1d",
+    torch=lambda x: F().max_pool1d(x, 3))
 row("AveragePool", {"x": randn(2, 2, 5, 6)}, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
     torch=lambda x: F().avg_pool2d(x, 3, 2, padding=1, count_include_pad=False))
 row("AveragePool", {"x": randn(2, 2, 5, 6)}, {"kernel_shape": [2, 3], "count_include_pad": 1, "pads": [1, 1, 1, 1]},
@@ -524,3 +530,25 @@ def test_resize_to_a_run_time_size(mode):
     model.ir_version = 9
     report = check_gradients(model, {"x": randn(1, 2, 3, 4), "skip": np.zeros((1, 2, 5, 7))}, ["x"])
     assert report.ok, report
+
+
+@pytest.mark.parametrize("backend", ["ort", "reference"])
+@pytest.mark.parametrize("attrs", [{"kernel_shape": [2, 2], "strides": [2, 2]},
+                                   {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}],
+                         ids=["apart", "overlapping"])
+def test_max_pool_ties_go_to_the_first_maximum_as_in_torch(backend, attrs):
+    """Ties are not differentiable, so finite differences cannot check them; torch's choice (the first
+    maximum of each window gets all of dY) is the reference. ReLU outputs and flat image regions tie often."""
+    torch = _t()
+    from onnxtrain.autodiff.check import gradient_model, run_model
+
+    x = np.maximum(rng.standard_normal((2, 3, 6, 6)), 0).astype(np.float32)
+    x[:, :, :4, :4] = 0.5
+    model = single_node_model("MaxPool", {"x": x}, **attrs)
+    y = run_model(model, {"x": x}, backend=backend)[0]
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    got = run_model(gradient_model(model, ["x"], {model.graph.output[0].name: dy}), {"x": x}, backend=backend)[1]
+    xt = torch.tensor(x, requires_grad=True)
+    k, st, pad = attrs["kernel_shape"][0], attrs["strides"][0], attrs.get("pads", [0])[0]
+    F().max_pool2d(xt, k, st, padding=pad).backward(torch.tensor(dy))
+    np.testing.assert_allclose(got, xt.grad.numpy(), rtol=1e-6, atol=1e-6)

@@ -62,6 +62,16 @@ def _to_eval_mode(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     return out
 
 
+def _drop_unread_indices(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:
+    """MaxPool without the Indices output the gradient asked for, where nothing else reads it (onnxruntime
+    then runs its faster indices-free kernel). The nodes are _to_eval_mode's copies."""
+    read = {x for n in nodes for x in node_inputs(n)} | set(outputs)
+    for node in nodes:
+        if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1] not in read:
+            del node.output[1:]
+    return nodes
+
+
 def _forward_graph(graph: onnx.GraphProto, weights: dict[str, np.ndarray], state: list[str]) -> onnx.GraphProto:
     """The forward graph with the state (parameters, buffers) as inputs and the other weights as constants."""
     fwd = copy.deepcopy(graph)
@@ -179,7 +189,8 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     })
     training = _model(model, train_graph, {names.TRAINING_META: meta})
 
-    eval_nodes = prune_nodes(_to_eval_mode(forward_nodes), [loss_name, *extras])
+    eval_nodes = _drop_unread_indices(prune_nodes(_to_eval_mode(forward_nodes), [loss_name, *extras]),
+                                      [loss_name, *extras])
     eval_graph = helper.make_graph(eval_nodes, "eval", [*user_inputs, *labels, *state_inputs],
                                    [loss_vi, *extra_outputs], initializer=_used(full.initializer, eval_nodes))
     fold_output_identities(eval_graph)
