@@ -254,6 +254,13 @@ row("Conv", {"x": randn(2, 4, 6, 5), "w": randn(6, 2, 3, 2), "b": randn(6)},
     {"group": 2, "strides": [2, 1], "pads": [1, 0, 1, 1], "dilations": [1, 2]},
     torch=lambda x, w, b: F().conv2d(F().pad(x, (0, 1, 1, 1)), w, b, stride=(2, 1), dilation=(1, 2), groups=2))
 row("Conv", {"x": randn(1, 2, 7), "w": randn(3, 2, 3)}, {"auto_pad": "SAME_UPPER", "strides": [2]}, tag="same_upper_1d")
+row("Conv", {"x": randn(2, 3, 9, 9), "w": randn(3, 1, 3, 3)}, {"group": 3, "pads": [1, 1, 1, 1]},
+    tag="depthwise_many_positions", torch=lambda x, w: F().conv2d(x, w, padding=1, groups=3))
+row("Conv", {"x": randn(2, 3, 17, 16), "w": randn(6, 1, 3, 3), "b": randn(6)},
+    {"group": 3, "strides": [2, 2], "pads": [1, 0, 1, 1]}, tag="depthwise_multiplier_strided",
+    torch=lambda x, w, b: F().conv2d(F().pad(x, (0, 1, 1, 1)), w, b, stride=2, groups=3))
+row("Conv", {"x": randn(2, 3, 5, 5), "w": randn(3, 1, 3, 3)}, {"group": 3, "pads": [1, 1, 1, 1]},
+    tag="depthwise_few_positions", torch=lambda x, w: F().conv2d(x, w, padding=1, groups=3))
 row("ConvTranspose", {"x": randn(2, 4, 3, 4), "w": randn(4, 3, 3, 2), "b": randn(6)},
     {"group": 2, "strides": [2, 3], "pads": [1, 0, 0, 1], "output_padding": [1, 2], "dilations": [1, 2]},
     torch=lambda x, w, b: F().conv_transpose2d(x, w, b, stride=(2, 3), output_padding=(1, 2), groups=2,
