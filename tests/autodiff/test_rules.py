@@ -559,3 +559,18 @@ def test_max_pool_ties_go_to_the_first_maximum_as_in_torch(backend, attrs):
     k, st, pad = attrs["kernel_shape"][0], attrs["strides"][0], attrs.get("pads", [0])[0]
     F().max_pool2d(xt, k, st, padding=pad).backward(torch.tensor(dy))
     np.testing.assert_allclose(got, xt.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_clip_gradient_at_the_bounds_follows_torch_clamp():
+    """Exactly on a bound the gradient passes (torch.clamp's convention); outside it is zero."""
+    torch = _t()
+    from onnxtrain.autodiff.check import gradient_model, run_model
+
+    x = np.array([[-1.0, -0.5, 0.0, 0.25, 0.5, 0.75]], dtype=np.float32)
+    model = single_node_model("Clip", {"x": x}, constant_inputs={"lo": np.float32(-0.5), "hi": np.float32(0.5)})
+    dy = np.arange(1, 7, dtype=np.float32).reshape(1, 6)
+    got = run_model(gradient_model(model, ["x"], {model.graph.output[0].name: dy}), {"x": x}, backend="ort")[1]
+    xt = torch.tensor(x, requires_grad=True)
+    torch.clamp(xt, -0.5, 0.5).backward(torch.tensor(dy))
+    np.testing.assert_array_equal(got, xt.grad.numpy())
+    np.testing.assert_array_equal(got, [[0, 2, 3, 4, 5, 0]])
