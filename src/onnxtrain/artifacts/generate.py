@@ -124,8 +124,9 @@ def generate_artifacts(
         models["optimizer"] = build_optimizer_model(
             opt_block, {p: source.weights[p] for p in plan.trainable}, source.opset, graphs.training.ir_version)
     for kind, proto in models.items():
-        onnx.checker.check_model(proto, full_check=True)
-        atomic_write_bytes(paths[kind], proto.SerializeToString())
+        serialized = proto.SerializeToString()
+        onnx.checker.check_model(serialized, full_check=True)
+        atomic_write_bytes(paths[kind], serialized)
 
     # Optimizer state starts at zero: the runtime creates it, so the checkpoint holds only the weights.
     data = CheckpointData(

@@ -16,7 +16,7 @@ from onnxtrain.artifacts.params import ParameterPlan
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.blocks.base import Block, BuildContext, building
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import constant_values, fold_output_identities, node_inputs, prune_nodes, used_names
+from onnxtrain.ir.passes import constant_values, node_inputs, prune_nodes, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
 __all__ = ["TrainingGraphs", "build_graphs"]
@@ -102,8 +102,21 @@ def _add_loss(model: onnx.ModelProto, fwd: onnx.GraphProto, infos: dict[str, Ten
     if not isinstance(loss_out, str):
         raise TypeError(f"the loss block {type(loss).__name__} must return one value name, got {loss_out!r}")
     loss_name = lb.unique("loss")
-    lb.node("Identity", [loss_out], [loss_name])
+    if not _rename_value(lb.nodes, loss_out, loss_name):  # the loss node writes the output itself
+        lb.node("Identity", [loss_out], [loss_name])
     return lb, list(bctx.new_inputs), loss_name
+
+
+def _rename_value(nodes: list[onnx.NodeProto], old: str, new: str) -> bool:
+    """Rename a value that one of ``nodes`` produces, in all of them; False (nothing done) if none does."""
+    if not any(old in n.output for n in nodes):
+        return False
+    for node in nodes:
+        for field in (node.input, node.output):
+            for k, x in enumerate(field):
+                if x == old:
+                    field[k] = new
+    return True
 
 
 def _accumulate(acc: GraphBuilder, grads: dict[str, str | None], params: list[str], infos: dict[str, TensorInfo]):
@@ -120,17 +133,23 @@ def _accumulate(acc: GraphBuilder, grads: dict[str, str | None], params: list[st
 
 
 def _buffer_outputs(acc: GraphBuilder, nodes: list[onnx.NodeProto], buffers: list[str],
-                    infos: dict[str, TensorInfo]) -> list[onnx.ValueInfoProto]:
-    """Expose the running statistics that training-mode BatchNormalization nodes compute as graph outputs."""
+                    infos: dict[str, TensorInfo], keep: Sequence[str]) -> list[onnx.ValueInfoProto]:
+    """Expose the running statistics that training-mode BatchNormalization nodes compute as graph outputs
+    (under the runtime's names; a value the model itself reads, or ``keep``, is passed on by an Identity)."""
     outputs = []
+    read: set[str] = set()
     for node in nodes:
         if node.op_type != "BatchNormalization" or not any(a.name == "training_mode" and a.i for a in node.attribute):
             continue
         outs = list(node.output) + [""] * (3 - len(node.output))
         for k, buffer in ((1, node.input[3]), (2, node.input[4])):
             if buffer in buffers:
-                outs[k] = outs[k] or acc.unique(f"{buffer}_new")
-                acc.node("Identity", [outs[k]], [names.buffer_output_name(buffer)])
+                if outs[k] and not read:
+                    read = {x for n in nodes for x in node_inputs(n)} | set(keep)
+                if outs[k] and outs[k] in read:
+                    acc.node("Identity", [outs[k]], [names.buffer_output_name(buffer)])
+                else:
+                    outs[k] = names.buffer_output_name(buffer)
                 outputs.append(helper.make_tensor_value_info(names.buffer_output_name(buffer),
                                                              infos[buffer].elem_type, infos[buffer].shape))
         del node.output[:]
@@ -170,7 +189,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     acc = GraphBuilder(model_opset(model), taken=used_names(full) | {n.name for n in gb.nodes} |
                        {o for n in gb.nodes for o in n.output}, prefix="acc/")
     grad_inputs, grad_outputs = _accumulate(acc, grads, plan.trainable, infos)
-    buffer_outputs = _buffer_outputs(acc, forward_nodes, plan.buffers, infos)
+    buffer_outputs = _buffer_outputs(acc, forward_nodes, plan.buffers, infos, extras)
 
     extra_outputs = [_value_info(n, infos.get(n)) for n in extras]
     loss_vi = _value_info(loss_name, infos.get(loss_name))
@@ -181,7 +200,6 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
         [*user_inputs, *labels, *state_inputs, *grad_inputs,
          helper.make_tensor_value_info(names.LAZY_RESET_GRAD, onnx.TensorProto.BOOL, [])],
         outputs, initializer=_used([*full.initializer, *gb.initializers, *acc.initializers], train_nodes))
-    fold_output_identities(train_graph)
     meta = json.dumps({
         "user_inputs": [i.name for i in user_inputs], "labels": [i.name for i in labels], "loss": loss_name,
         "additional_outputs": extras, "trainable": plan.trainable, "frozen": plan.frozen, "buffers": plan.buffers,
@@ -193,7 +211,6 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
                                       [loss_name, *extras])
     eval_graph = helper.make_graph(eval_nodes, "eval", [*user_inputs, *labels, *state_inputs],
                                    [loss_vi, *extra_outputs], initializer=_used(full.initializer, eval_nodes))
-    fold_output_identities(eval_graph)
     evaluation = _model(model, eval_graph, {names.TRAINING_META: meta})
     return TrainingGraphs(training, evaluation, [i.name for i in user_inputs], [i.name for i in labels])
 

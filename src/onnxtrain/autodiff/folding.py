@@ -47,7 +47,6 @@ def fold_constants(nodes: Sequence[onnx.NodeProto], known: Mapping[str, TensorIn
                    constants: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Values of ``nodes`` computable now: Shape/Size of statically shaped values and shape arithmetic on
     constants. Function bodies compute split sizes and the like that way, and shape inference needs them."""
-    from onnx.reference import ReferenceEvaluator
 
     values = dict(constants)
     folded: dict[str, np.ndarray] = {}
@@ -65,6 +64,8 @@ def fold_constants(nodes: Sequence[onnx.NodeProto], known: Mapping[str, TensorIn
                                                    for x in dict.fromkeys(n.input) if x])
             model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
             model.ir_version = 10
+            from onnx.reference import ReferenceEvaluator  # imported on first use: ~10 ms
+
             try:
                 results = [np.asarray(v) for v in ReferenceEvaluator(model).run(None, {})]
             except Exception:  # noqa: BLE001 - folding is only an aid to shape inference

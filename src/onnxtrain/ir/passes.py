@@ -9,12 +9,24 @@ import onnx
 from onnx import numpy_helper
 
 __all__ = ["prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs",
-           "fold_output_identities"]
+           "fold_output_identities", "has_subgraphs"]
+
+
+# The standard ops with graph attributes; nodes of other domains are inspected attribute by attribute.
+_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
+def has_subgraphs(node: onnx.NodeProto) -> bool:
+    if node.domain in ("", "ai.onnx") and node.op_type not in _SUBGRAPH_OPS:
+        return False
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
 def implicit_inputs(node: onnx.NodeProto) -> list[str]:
     """Outer-scope values the node's subgraphs (If/Loop/Scan bodies) read, in first-use order."""
     captured: list[str] = []
+    if not has_subgraphs(node):
+        return captured
     for attr in node.attribute:
         for g in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
             defined = {v.name for v in g.input} | {i.name for i in g.initializer}
@@ -28,7 +40,7 @@ def implicit_inputs(node: onnx.NodeProto) -> list[str]:
 
 def node_inputs(node: onnx.NodeProto) -> list[str]:
     """The node's inputs followed by its implicit inputs: a rule returns one gradient for each."""
-    return [*node.input, *implicit_inputs(node)] if node.attribute else list(node.input)
+    return [*node.input, *implicit_inputs(node)] if has_subgraphs(node) else list(node.input)
 
 
 def prune_nodes(nodes: Sequence[onnx.NodeProto], outputs: Iterable[str]) -> list[onnx.NodeProto]:
@@ -79,28 +91,27 @@ def fold_output_identities(graph: onnx.GraphProto) -> int:
     Left alone: x a graph input, initializer or output, or read by a subgraph.
     """
     outputs = {o.name for o in graph.output}
-    producers = {o: n for n in graph.node for o in n.output if o}
-    captured = {x for n in graph.node if n.attribute for x in implicit_inputs(n)}
+    folds = [(i, n) for i, n in enumerate(graph.node) if n.op_type == "Identity" and n.output[0] in outputs]
+    if not folds:
+        return 0
+    producers = {o for n in graph.node for o in n.output if o}
+    captured = {x for n in graph.node if has_subgraphs(n) for x in implicit_inputs(n)}
     rename: dict[str, str] = {}
-    dropped: set[int] = set()
-    for node in graph.node:
-        if node.op_type != "Identity" or node.output[0] not in outputs:
-            continue
+    dropped: list[int] = []
+    for i, node in folds:
         x = node.input[0]
         if x in producers and x not in outputs and x not in captured and x not in rename:
             rename[x] = node.output[0]
-            dropped.add(id(node))
-    if not rename:
-        return 0
-    kept = [n for n in graph.node if id(n) not in dropped]
-    for node in kept:
+            dropped.append(i)
+    for i in reversed(dropped):
+        del graph.node[i]
+    for node in graph.node:
         for field in (node.input, node.output):
-            for i, x in enumerate(field):
-                if x in rename:
-                    field[i] = rename[x]
-    del graph.node[:]
-    graph.node.extend(kept)
-    kept_infos = [vi for vi in graph.value_info if vi.name not in rename]  # the outputs carry the types
-    del graph.value_info[:]
-    graph.value_info.extend(kept_infos)
+            if not rename.keys().isdisjoint(field):
+                for k, x in enumerate(field):
+                    if x in rename:
+                        field[k] = rename[x]
+    stale = [vi for vi in graph.value_info if vi.name in rename]  # the outputs carry the types
+    for vi in stale:
+        graph.value_info.remove(vi)
     return len(rename)
