@@ -67,15 +67,18 @@ def error_text(exc):
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
-def _timed(fn, n, budget_s=None):
-    """Run fn n times (or, with a budget, stop early once budget_s passed and MIN_STEPS were done)."""
+def _timed(fn, n, budget_s=None, min_s=0.0):
+    """Run fn n times (or, with a budget, stop early once budget_s passed and MIN_STEPS were done); keep going
+    past n until min_s seconds passed (up to 20 n), so that millisecond steps get a long enough window."""
     values, ms = [], []
     start = time.perf_counter()
-    for i in range(n):
+    i = 0
+    while i < n or (time.perf_counter() - start < min_s and i < 20 * n):
         t = time.perf_counter()
         values.append(fn())
         ms.append((t2 := time.perf_counter()) - t)
-        if budget_s is not None and i + 1 >= MIN_STEPS and t2 - start > budget_s:
+        i += 1
+        if budget_s is not None and i >= MIN_STEPS and t2 - start > budget_s:
             break
     return values, [x * 1e3 for x in ms]
 
@@ -93,6 +96,8 @@ def parse_args(argv=None, add_arguments=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--train-budget", type=float, default=None, metavar="S",
                    help=f"stop the timed training loop after S seconds (at least {MIN_STEPS} steps)")
+    p.add_argument("--min-seconds", type=float, default=0.0, metavar="S",
+                   help="time at least S seconds of training steps (more than --steps if they are fast)")
     if add_arguments:
         add_arguments(p)
     return p.parse_args(argv)
@@ -114,7 +119,7 @@ def run(impl, setup, argv=None, add_arguments=None):
         rec["rss_after_setup_mb"] = peak_rss_mb()
         rec["stage"] = "train"
         first, _ = _timed(train_step, args.warmup)
-        losses, ms = _timed(train_step, steps, args.train_budget)
+        losses, ms = _timed(train_step, steps, args.train_budget, args.min_seconds)
         rec.update(steps=len(ms), step_ms_median=statistics.median(ms), step_ms_p10=_pct(ms, 10),
                    step_ms_p90=_pct(ms, 90), step_ms_min=min(ms), loss_first=(first + losses)[0],
                    loss_last=losses[-1])

@@ -190,6 +190,10 @@ def parse_args(argv=None):
     p.add_argument("--eval-steps", type=int, help="timed eval steps (default 20)")
     p.add_argument("--train-budget", type=float, default=60,
                    help="seconds after which a timed training loop stops early (default 60; >= 10 steps)")
+    p.add_argument("--min-seconds", type=float, default=2.0,
+                   help="each timed training loop lasts at least this long (default 2; millisecond steps)")
+    p.add_argument("--settle", type=float, default=2.0,
+                   help="pause before each runner, so none is timed while the previous one exits (default 2 s)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per process (default 300)")
     p.add_argument("--max-minutes", type=float, default=14,
                    help="start another pass only if it is expected to end within this (default 14)")
@@ -205,7 +209,7 @@ def parse_args(argv=None):
         if bad:
             p.error(f"unknown {name} {bad}; choose from {allowed}")
     if args.quick:
-        args.repeat = 1
+        args.repeat, args.min_seconds, args.settle = 1, 0.0, 0.0
         for name, value in (("steps", 10), ("warmup", 2), ("eval_steps", 5)):
             if getattr(args, name) is None:
                 setattr(args, name, value)
@@ -247,7 +251,8 @@ def main(argv=None):
     onnxtrain_env = dict(child_env, PYTHONPATH=os.pathsep.join(
         [os.path.join(REPO, "src")] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
     scripts = {"onnxtrain": ["run_onnxtrain.py"], "peer": ["run_peer.py", "--workarounds"], "torch": ["run_torch.py"]}
-    extra = ["--threads", str(args.threads), "--train-budget", str(args.train_budget)]
+    extra = ["--threads", str(args.threads), "--train-budget", str(args.train_budget),
+             "--min-seconds", str(args.min_seconds)]
     for flag, value in (("--steps", args.steps), ("--warmup", args.warmup), ("--eval-steps", args.eval_steps)):
         if value is not None:
             extra += [flag, str(value)]
@@ -271,6 +276,7 @@ def main(argv=None):
                 for impl in args.impls[k:] + args.impls[:k]:
                     env = env_of[impl]
                     cmd = [envs[env]["executable"], *scripts[impl], "--workload", w, *extra]
+                    time.sleep(args.settle)
                     rec = run_one(cmd, onnxtrain_env if impl == "onnxtrain" else child_env, args.timeout, logf)
                     rec.setdefault("impl", impl)
                     rec.setdefault("workload", w)
