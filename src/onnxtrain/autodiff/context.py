@@ -126,6 +126,8 @@ class GradContext:
             return self._unbroadcast_dynamic(grad, like)
         if not axes:
             return grad
+        if axes == list(range(lead)):  # only leading axes: one node
+            return self.b.reduce("ReduceSum", grad, axes, keepdims=False)
         summed = self.b.reduce("ReduceSum", grad, axes, keepdims=True)
         return self.b.squeeze(summed, list(range(lead))) if lead else summed
 
