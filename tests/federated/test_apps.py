@@ -126,3 +126,62 @@ def test_records_keep_order_and_refuse_undecodable_arrays():
     garbage = ArrayRecord({"a": Array(dtype="float32", shape=(2, 2), stype="numpy.ndarray", data=b"not npy")})
     with pytest.raises(UpdateRejected, match="parameter 'a' cannot be decoded"):
         from_record(garbage)
+
+
+@pytest.fixture(scope="module")
+def bn_artifacts(tmp_path_factory):
+    """A small Conv + BatchNorm (training mode) model: its running statistics are checkpoint buffers."""
+    from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
+    from tests import models
+
+    directory = tmp_path_factory.mktemp("conv_bn")
+    generate_artifacts(models.conv_bn(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=directory)
+    return directory
+
+
+def _bn_data(context: Context):
+    rng = np.random.default_rng(int(context.node_config.get("partition-id", 0)))
+    x = (rng.standard_normal((24, 2, 6, 6)) * 2 + 1).astype(np.float32)
+    y = rng.integers(0, 3, 24).astype(np.int64)
+    return x, y, x, y
+
+
+def test_batchnorm_statistics_travel_and_are_averaged(bn_artifacts, tmp_path):
+    """The devices send the running statistics their training updated; FedAvg averages them like the
+    parameters; the server's global model (what it evaluates and exports) takes the average."""
+    from onnxtrain.api import CheckpointState
+    from onnxtrain.federated.server import GlobalModel
+
+    spec, initial = _initial(bn_artifacts)
+    assert spec.buffers == {"bn.running_mean", "bn.running_var"}
+    assert list(spec.names)[-2:] == ["bn.running_mean", "bn.running_var"]
+    app = make_client_app(ClientSettings(artifacts_dir=str(bn_artifacts), data=_bn_data, batch_size=8))
+    config = ConfigRecord({"local-epochs": 1, "learning-rate": 0.01, "server-round": 1})
+    sent = [from_record(app(_message(RecordDict({"arrays": to_record(initial), "config": config})),
+                            _context(partition_id=p)).content["arrays"]) for p in (0, 1)]
+    for arrays in sent:
+        assert not np.allclose(arrays["bn.running_mean"], initial["bn.running_mean"])   # trained on the data
+    assert not np.allclose(sent[0]["bn.running_mean"], sent[1]["bn.running_mean"])      # each on its own
+
+    strategy = ValidatingFedAvg(spec)
+    averaged, _ = strategy.aggregate_train(1, [_reply(sent[0], 10, 1), _reply(sent[1], 30, 2)])
+    averaged = from_record(averaged)
+    for name in spec.buffers:
+        np.testing.assert_allclose(averaged[name], (10 * sent[0][name] + 30 * sent[1][name]) / 40, rtol=1e-6)
+
+    paths = GlobalModel(str(bn_artifacts), str(tmp_path), strategy)(1, to_record(averaged))
+    assert paths is None   # no server test data: no metrics
+    saved = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    for name in spec.buffers:
+        np.testing.assert_array_equal(saved.buffers[name], averaged[name])
+
+
+def test_a_bad_buffer_is_refused_by_name(bn_artifacts):
+    spec, initial = _initial(bn_artifacts)
+    initial["bn.running_var"][1] = np.nan
+    with pytest.raises(UpdateRejected, match=r"buffer 'bn.running_var' has 1 non-finite"):
+        spec.check(initial)
+    del initial["bn.running_mean"]
+    with pytest.raises(UpdateRejected, match=r"missing \['bn.running_mean'\]"):
+        spec.check(initial)

@@ -1,9 +1,9 @@
 """The Flower ClientApp: the onnxtrain runtime on the device's own data.
 
-``train``: load the global trainable parameters from ``"arrays"``, train E local epochs, reply with the new
-parameters and ``"num-examples"``. ``evaluate``: load them, evaluate on the device's validation data, reply
-with ``"eval-loss"``, ``"eval-accuracy"`` and ``"num-examples"``. Frozen parameters and buffers come from the
-device's own checkpoint and never leave it.
+``train``: load the global trainable parameters and buffers (BatchNorm running statistics) from ``"arrays"``,
+train E local epochs, reply with the new ones and ``"num-examples"``. ``evaluate``: load them, evaluate on the
+device's validation data, reply with ``"eval-loss"``, ``"eval-accuracy"`` and ``"num-examples"``. Frozen
+parameters come from the device's own checkpoint and never leave it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""What travels between the server and the devices: the trainable parameters, in checkpoint order.
+"""What travels between the server and the devices: the trainable parameters in checkpoint order, then the
+buffers (the running statistics of BatchNorm layers that train), averaged like the parameters.
 
 Both sides derive the same :class:`ParamSpec` from their own copy of the checkpoint, so an update is
 checked against what the receiver itself holds, never against what the sender claims. Frozen parameters
-(a backbone shared by every device) and buffers never travel. Plain numpy: no Flower here.
+(a backbone shared by every device) never travel. Plain numpy: no Flower here.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ class UpdateRejected(OnnxTrainError, ValueError):
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """Names, shapes and dtypes of the trainable parameters, in checkpoint order."""
+    """Names, shapes and dtypes of what travels: the trainable parameters in checkpoint order, then the
+    buffers (named in ``buffers``)."""
 
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[np.dtype, ...]
+    buffers: frozenset[str] = frozenset()
 
     @classmethod
     def from_state(cls, state: CheckpointState) -> ParamSpec:
@@ -37,16 +40,21 @@ class ParamSpec:
         if not trainable:
             raise ValueError("the checkpoint has no trainable parameters, so there is nothing to federate; "
                              "generate the artifacts with requires_grad=[...] naming at least one parameter")
-        return cls(tuple(n for n, _ in trainable), tuple(a.shape for _, a in trainable),
-                   tuple(a.dtype for _, a in trainable))
+        buffers = [(n, state.buffers[n]) for n in state.buffers]
+        travel = trainable + buffers
+        return cls(tuple(n for n, _ in travel), tuple(a.shape for _, a in travel), tuple(a.dtype for _, a in travel),
+                   frozenset(n for n, _ in buffers))
+
+    def _kind(self, name: str) -> str:
+        return "buffer" if name in self.buffers else "parameter"
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike) -> ParamSpec:
         return cls.from_state(CheckpointState.load_checkpoint(path))
 
     def values(self, state: CheckpointState) -> dict[str, np.ndarray]:
-        """The trainable parameters of ``state``, in order."""
-        return {n: state.parameters[n].data for n in self.names}
+        """The trainable parameters and buffers of ``state``, in order."""
+        return {n: state.buffers[n] if n in self.buffers else state.parameters[n].data for n in self.names}
 
     def check(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Return ``arrays`` in spec order if they match the spec exactly and are finite; else raise
@@ -57,27 +65,30 @@ class ParamSpec:
             detail = "; ".join(s for s in (missing and f"missing {missing[:5]}", extra and f"unexpected {extra[:5]}")
                                if s)
             raise UpdateRejected(f"parameter names do not match the checkpoint's {len(self.names)} trainable "
-                                 f"parameters: {detail}")
+                                 f"parameters and buffers: {detail}")
         checked = {}
         for name, shape, dtype in zip(self.names, self.shapes, self.dtypes):
-            value = arrays[name]
+            value, kind = arrays[name], self._kind(name)
             if not isinstance(value, np.ndarray):
-                raise UpdateRejected(f"parameter {name!r} is a {type(value).__name__}, expected a numpy array")
+                raise UpdateRejected(f"{kind} {name!r} is a {type(value).__name__}, expected a numpy array")
             if value.dtype != dtype:
-                raise UpdateRejected(f"parameter {name!r} has dtype {value.dtype}, expected {dtype}")
+                raise UpdateRejected(f"{kind} {name!r} has dtype {value.dtype}, expected {dtype}")
             if value.shape != shape:
-                raise UpdateRejected(f"parameter {name!r} has shape {list(value.shape)}, expected {list(shape)}")
+                raise UpdateRejected(f"{kind} {name!r} has shape {list(value.shape)}, expected {list(shape)}")
             bad = value.size - int(np.count_nonzero(np.isfinite(value)))
             if bad:
-                raise UpdateRejected(f"parameter {name!r} has {bad} non-finite values (NaN or inf) "
+                raise UpdateRejected(f"{kind} {name!r} has {bad} non-finite values (NaN or inf) "
                                      f"of {value.size}")
             checked[name] = value
         return checked
 
     def load_into(self, state: CheckpointState, arrays: Mapping[str, np.ndarray]) -> None:
-        """Check ``arrays`` and set them as the trainable parameters of ``state``."""
+        """Check ``arrays`` and set them as the trainable parameters and buffers of ``state``."""
         for name, value in self.check(arrays).items():
-            state.parameters[name] = value
+            if name in self.buffers:
+                state.buffers[name] = value
+            else:
+                state.parameters[name] = value
 
     def __len__(self) -> int:
         return len(self.names)
