@@ -230,6 +230,10 @@ class Module:
                 session = open_artifact_session(fused[0], "training model fused with the optimizer", self._device,
                                                 self._session_options)
                 fused = (session, fused[1])
+                # The separate sessions (opened early, so that a broken artifact fails at construction) are
+                # closed: their memory and idle threads are not needed while the loop fuses. Reopened if needed.
+                self._variants.clear()
+                self._optimizer._close_session()
             self._fused[reset] = fused
         return self._fused[reset]
 

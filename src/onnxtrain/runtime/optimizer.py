@@ -46,7 +46,7 @@ class Optimizer:
             raise ArtifactError("the optimizer model does not match the checkpoint's trainable parameters "
                                 f"({len(layout)} in the optimizer, {len(state._params.layout)} in the checkpoint)")
         self._model = model
-        self._session = open_artifact_session(model, "optimizer model", module._device, module._session_options)
+        self._session = self._open_session()  # now, so that a broken optimizer model fails here
         self.state_names = tuple(meta["states"])
         self.config = meta["config"]
         self._states = state.optimizer_storage(self.state_names)
@@ -67,6 +67,14 @@ class Optimizer:
 
     def get_learning_rate(self) -> float:
         return float(self._lr)
+
+    def _open_session(self):
+        module = self._module
+        return open_artifact_session(self._model, "optimizer model", module._device, module._session_options)
+
+    def _close_session(self) -> None:
+        """Drop the optimizer graph's session (the fused training step does its work); reopened when needed."""
+        self._session = None
 
     def _update_key(self) -> tuple:
         """What an update depends on besides the gradients: a prepared update is used only if this is unchanged."""
@@ -113,4 +121,6 @@ class Optimizer:
         out.update({names.output_name(s): st.spare for s, st in self._states.items()})
         if self._checks_finite:
             out[names.GRADIENTS_FINITE] = self._finite
+        if self._session is None:
+            self._session = self._open_session()
         self._session.run({}, out, [], state=inputs)
