@@ -227,8 +227,14 @@ class Module:
             variant = specialize_accumulation(self._train_model, self._meta["trainable"], reset)
             fused = fuse_optimizer(variant or self._train_model, self._optimizer._model, self._meta["trainable"])
             if fused is not None:
-                session = open_artifact_session(fused[0], "training model fused with the optimizer", self._device,
-                                                self._session_options)
+                try:
+                    session = open_artifact_session(fused[0], "training model fused with the optimizer",
+                                                    self._device, self._session_options)
+                except ArtifactError:  # fusing is an optimisation: the separate graphs still train
+                    warnings.warn("the training and optimizer graphs could not be fused; running them "
+                                  "separately", RuntimeWarning, stacklevel=4)
+                    self._fused[reset] = None
+                    return None
                 fused = (session, fused[1])
                 # The separate sessions (opened early, so that a broken artifact fails at construction) are
                 # closed: their memory and idle threads are not needed while the loop fuses. Reopened if needed.
@@ -243,9 +249,9 @@ class Module:
         self._fused.clear()
         self._pending_update = None
 
-    def _take_pending_update(self):
-        """Called by optimizer.step(): the key of the update a fused run prepared (None if none), and the
-        training-call count of the cycle that ends."""
+    def _take_pending_update(self) -> tuple | None:
+        """Called by optimizer.step(): the key of the update a fused run prepared (None if none); also ends the
+        cycle of training calls, whose length decides whether the next call fuses."""
         pending, self._pending_update = self._pending_update, None
         self._calls_last_cycle, self._calls_since_step = self._calls_since_step, 0
         return pending
