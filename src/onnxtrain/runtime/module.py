@@ -105,6 +105,7 @@ class Module:
         self._check_state_matches()
         self._train_model = train_model
         self._train_outputs = graph_io(train_model.graph.output)
+        self._check_interface()
         # The same graph with the reset flag decided in advance (see variants.py); built on first use.
         self._variants: dict[bool, object] = {}
         self._eval_model = None
@@ -129,6 +130,17 @@ class Module:
         self.training = True
         self.nonfinite_steps = 0
         self._last_loss_finite = True
+
+    def _check_interface(self) -> None:
+        """The training graph has what its metadata promises: the loss output first, then the user inputs and
+        labels as its first inputs (a damaged file can parse and still lack them)."""
+        meta, graph = self._meta, self._train_model.graph
+        if not self._train_outputs:
+            raise ArtifactError("the training model has no outputs (expected the loss first)")
+        expected = [*meta["user_inputs"], *meta["labels"]]
+        found = [i.name for i in graph.input[:len(expected)]]
+        if found != expected:
+            raise ArtifactError(f"the training model's first inputs are {found}, its metadata says {expected}")
 
     def _check_state_matches(self) -> None:
         st, meta = self._state, self._meta

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from onnxtrain.errors import ArtifactError
 from onnxtrain.ir.types import np_dtype
 
 __all__ = ["Session", "TensorMeta", "graph_io"]
@@ -27,7 +28,11 @@ def graph_io(values) -> list[TensorMeta]:
         shape = None
         if tt.HasField("shape"):
             shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
-        metas.append(TensorMeta(v.name, np_dtype(tt.elem_type) if tt.elem_type else np.dtype(np.float32), shape))
+        try:
+            dtype = np_dtype(tt.elem_type) if tt.elem_type else np.dtype(np.float32)
+        except (KeyError, TypeError, ValueError):
+            raise ArtifactError(f"the model's value {v.name!r} has an unknown element type {tt.elem_type}") from None
+        metas.append(TensorMeta(v.name, dtype, shape))
     return metas
 
 
