@@ -7,6 +7,7 @@ __all__ = [
     "InputError",
     "NonFiniteError",
     "ArtifactError",
+    "ExecutionError",
 ]
 
 
@@ -32,3 +33,8 @@ class NonFiniteError(OnnxTrainError, FloatingPointError):
 
 class ArtifactError(OnnxTrainError, ValueError):
     """A training, eval or optimizer model is missing, unreadable, or not one onnxtrain can run."""
+
+
+class ExecutionError(OnnxTrainError, RuntimeError):
+    """The engine stopped while running a graph (for example an index out of range: a class label not below
+    the number of classes); the message names the step, the node's op type and what the engine said."""

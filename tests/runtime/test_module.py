@@ -10,7 +10,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnxtrain.api import CheckpointState, Module, Optimizer
 from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
-from onnxtrain.errors import InputError, NonFiniteError
+from onnxtrain.errors import ExecutionError, InputError, NonFiniteError
 from tests import models
 
 
@@ -227,3 +227,28 @@ def test_parameters_and_properties(mlp_dir):
     with pytest.raises(TypeError):
         state.properties["bad"] = [1]
     assert dict(state.properties) == {"epoch": 3, "name": "user-1", "lr": 0.5}
+
+
+@pytest.mark.parametrize("device", ["cpu", "reference"])
+def test_a_failure_inside_the_engine_is_a_clear_error_and_loses_nothing(mlp_dir, rng, device):
+    """Labels past the number of classes pass every static check (dtype, shape) and fail inside the engine:
+    the error names the step, and the state is as before, so training goes on with good data."""
+    state, module = load(mlp_dir, device=device)
+    optimizer = Optimizer(mlp_dir / "optimizer_model.onnx", module)
+    x, y = batch(rng)
+    module(x, y)
+    optimizer.step()
+    module.lazy_reset_grad()
+    before = {n: p.data for n, p in state.parameters.items()}
+    bad = np.full_like(y, 7)  # the model has 4 classes
+    with pytest.raises(ExecutionError, match="the training step failed.*class labels"):
+        module(x, bad)
+    module.eval()
+    with pytest.raises(ExecutionError, match="the eval step failed"):
+        module(x, bad)
+    module.train()
+    for name, value in before.items():
+        np.testing.assert_array_equal(state.parameters[name].data, value)
+    loss, _ = module(x, y)
+    optimizer.step()
+    assert np.isfinite(loss) and state.step == 2

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 
 import numpy as np
 import onnx
 
 from onnxtrain import conventions as names
-from onnxtrain.errors import ArtifactError, CheckpointError, NonFiniteError
+from onnxtrain.errors import ArtifactError, CheckpointError, ExecutionError, NonFiniteError, OnnxTrainError
 from onnxtrain.runtime.backends import check_device, open_session
 from onnxtrain.runtime.backends.base import graph_io
 from onnxtrain.runtime.inputs import check_inputs
 from onnxtrain.runtime.state import CheckpointState
 from onnxtrain.runtime.variants import specialize_accumulation
 
-__all__ = ["Module", "load_model", "training_metadata", "owned_ortvalue"]
+__all__ = ["Module", "load_model", "training_metadata", "owned_ortvalue", "run_session"]
 
 
 def owned_ortvalue(array: np.ndarray):
@@ -51,6 +52,24 @@ def load_model(uri: str | os.PathLike | bytes | onnx.ModelProto, what: str) -> o
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:300] if text else type(exc).__name__
+
+
+_NODE = re.compile(r"running (\w+) node")
+
+
+def run_session(session, what: str, *args, **kwargs) -> list[np.ndarray]:
+    """``session.run(...)``; a failure inside the engine becomes an ExecutionError naming ``what`` and the node."""
+    try:
+        return session.run(*args, **kwargs)
+    except OnnxTrainError:
+        raise
+    except Exception as exc:  # onnxruntime and onnx.reference raise their own types
+        text = str(exc)
+        node = _NODE.search(text)
+        detail = text.rstrip().rsplit(":", 1)[-1].strip() or _first_line(exc)
+        where = f" in a {node.group(1)} node" if node else ""
+        raise ExecutionError(f"the {what} failed{where}: {detail[:300]} (check the input values, e.g. class "
+                             f"labels must be below the number of classes)") from None
 
 
 def open_artifact_session(model: onnx.ModelProto, what: str, device: str, session_options):
@@ -206,7 +225,8 @@ class Module:
         else:
             session = self._session_for(self._reset_pending)
             out.update({names.grad_output_name(p): g for p, g in st._grads.spare_views().items()})
-        extras = session.run(feeds, out, list(self._meta["additional_outputs"]), state=state)
+        extras = run_session(session, "training step", feeds, out, list(self._meta["additional_outputs"]),
+                             state=state)
         if fused is not None:
             self._pending_update = self._optimizer._update_key()
         self._calls_since_step += 1
@@ -283,7 +303,8 @@ class Module:
                                "or call module.train() to run training steps")
         arrays = check_inputs(self._eval_inputs, arrays, "eval step")
         feeds = dict(zip((m.name for m in self._eval_inputs), arrays))
-        return self._eval.run(feeds, {}, [m.name for m in self._eval.outputs], state=self._state_feeds())
+        return run_session(self._eval, "eval step", feeds, {}, [m.name for m in self._eval.outputs],
+                           state=self._state_feeds())
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (trainable only, or all)."""

@@ -9,7 +9,7 @@ import numpy as np
 
 from onnxtrain import conventions as names
 from onnxtrain.errors import ArtifactError
-from onnxtrain.runtime.module import Module, load_model, open_artifact_session
+from onnxtrain.runtime.module import Module, load_model, open_artifact_session, run_session
 
 __all__ = ["Optimizer"]
 
@@ -123,4 +123,4 @@ class Optimizer:
             out[names.GRADIENTS_FINITE] = self._finite
         if self._session is None:
             self._session = self._open_session()
-        self._session.run({}, out, [], state=inputs)
+        run_session(self._session, "optimizer step", {}, out, [], state=inputs)
