@@ -89,10 +89,16 @@ def test_mutated_artifacts_give_only_clear_errors(artifacts, tmp_path_factory, d
     folder = tmp_path_factory.mktemp("mutated")
     for f in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"):
         (folder / f).write_bytes(bytes(blob) if f == which else (artifacts / f).read_bytes())
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    y = np.array([0, 1, 2], np.int64)
     try:
         state = CheckpointState.load_checkpoint(artifacts / "checkpoint")
         module = Module(folder / "training_model.onnx", state, folder / "eval_model.onnx")
-        Optimizer(folder / "optimizer_model.onnx", module)
+        optimizer = Optimizer(folder / "optimizer_model.onnx", module)
+        module(x, y)           # a damaged model that loads must fail, when it runs, with one of ours too
+        optimizer.step()
+        module.eval()
+        module(x, y)
     except OnnxTrainError as exc:
         assert str(exc) and "\n" not in str(exc).strip()
 

@@ -57,6 +57,16 @@ def _first_line(exc: BaseException) -> str:
 _NODE = re.compile(r"running (\w+) node")
 
 
+def _engine_message(exc: BaseException) -> str:
+    """What the engine said, on one line, without onnxruntime's status prefix and source locations."""
+    text = " ".join(str(exc).split())
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    if "Status Message:" in text:
+        text = text.split("Status Message:", 1)[1].strip()
+        text = re.sub(r"^\S+\.(cc|h|cpp):\d+ (.*?\] )?", "", text)
+    return text[:300] or type(exc).__name__
+
+
 def run_session(session, what: str, *args, **kwargs) -> list[np.ndarray]:
     """``session.run(...)``; a failure inside the engine becomes an ExecutionError naming ``what`` and the node."""
     try:
@@ -64,12 +74,10 @@ def run_session(session, what: str, *args, **kwargs) -> list[np.ndarray]:
     except OnnxTrainError:
         raise
     except Exception as exc:  # onnxruntime and onnx.reference raise their own types
-        text = str(exc)
-        node = _NODE.search(text)
-        detail = text.rstrip().rsplit(":", 1)[-1].strip() or _first_line(exc)
+        node = _NODE.search(str(exc))
         where = f" in a {node.group(1)} node" if node else ""
-        raise ExecutionError(f"the {what} failed{where}: {detail[:300]} (check the input values, e.g. class "
-                             f"labels must be below the number of classes)") from None
+        raise ExecutionError(f"the {what} failed{where}: {_engine_message(exc)} (check the input values, e.g. "
+                             f"class labels must be below the number of classes)") from None
 
 
 def open_artifact_session(model: onnx.ModelProto, what: str, device: str, session_options):
@@ -241,7 +249,10 @@ class Module:
         """The training session for this value of the reset flag, created on first use (each session holds
         its own memory plan, so only the ones a training loop needs exist)."""
         if reset not in self._variants:
-            variant = specialize_accumulation(self._train_model, self._meta["trainable"], reset)
+            try:
+                variant = specialize_accumulation(self._train_model, self._meta["trainable"], reset)
+            except Exception:  # noqa: BLE001 - a damaged graph: loading it as it is reports the problem
+                variant = None
             self._variants[reset] = open_artifact_session(variant or self._train_model, "training model",
                                                           self._device, self._session_options)
         return self._variants[reset]
@@ -256,8 +267,11 @@ class Module:
         if reset not in self._fused:
             from onnxtrain.runtime.fusion import fuse_optimizer
 
-            variant = specialize_accumulation(self._train_model, self._meta["trainable"], reset)
-            fused = fuse_optimizer(variant or self._train_model, self._optimizer._model, self._meta["trainable"])
+            try:
+                variant = specialize_accumulation(self._train_model, self._meta["trainable"], reset)
+                fused = fuse_optimizer(variant or self._train_model, self._optimizer._model, self._meta["trainable"])
+            except Exception:  # noqa: BLE001 - a damaged graph: the separate graphs report it clearly
+                fused = None
             if fused is not None:
                 try:
                     session = open_artifact_session(fused[0], "training model fused with the optimizer",
