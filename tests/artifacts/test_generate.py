@@ -290,3 +290,47 @@ def test_ort_format_files_load_in_a_stock_session(tmp_path):
         assert ort_file.stat().st_size > 0
         session = ort.InferenceSession(str(ort_file), providers=["CPUExecutionProvider"])
         assert [i.name for i in session.get_inputs()] == [i.name for i in onnx.load(tmp_path / name).graph.input]
+
+
+def _conv_relu_pool(seed=0):
+    from onnx import TensorProto, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    weights = {"conv.weight": rng.standard_normal((3, 1, 3, 3)).astype(np.float32),
+               "conv.bias": rng.standard_normal(3).astype(np.float32) * 0.1,
+               "fc.weight": rng.standard_normal((4, 27)).astype(np.float32) * 0.3}
+    nodes = [onnx.helper.make_node("Conv", ["input", "conv.weight", "conv.bias"], ["c"], pads=[1, 1, 1, 1]),
+             onnx.helper.make_node("Relu", ["c"], ["r"]),
+             onnx.helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             onnx.helper.make_node("Flatten", ["p"], ["f"]),
+             onnx.helper.make_node("Gemm", ["f", "fc.weight"], ["output"], transB=1)]
+    graph = onnx.helper.make_graph(
+        nodes, "crp", [onnx.helper.make_tensor_value_info("input", TensorProto.FLOAT, ["n", 1, 6, 6])],
+        [onnx.helper.make_tensor_value_info("output", TensorProto.FLOAT, ["n", 4])],
+        initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+
+def test_relu_then_maxpool_trains_as_maxpool_then_relu(tmp_path):
+    """The training graph pools before the Relu (same values, same gradients, a quarter of the Relu work);
+    asking for the Relu's output keeps the original order, and both give the same step."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 1, 6, 6)).astype(np.float32)
+    x[0, 0, :3, :3] = -1.0                      # a window whose maximum is negative: no gradient either way
+    y = rng.integers(0, 4, 5).astype(np.int64)
+    grads, losses = {}, {}
+    for swap, extra in ((True, None), (False, ["r"])):
+        folder = tmp_path / str(swap)
+        generate_artifacts(_conv_relu_pool(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD,
+                           artifact_directory=folder, additional_output_names=extra)
+        ops = [n.op_type for n in onnx.load(folder / "training_model.onnx").graph.node]
+        pool = ops.index("MaxPool")
+        assert (ops[pool + 1] == "Relu") is swap and ("Relu" in ops[:pool]) is not swap
+        state = CheckpointState.load_checkpoint(folder / "checkpoint")
+        module = Module(folder / "training_model.onnx", state)
+        out = module(x, y)
+        losses[swap] = float(out if swap else out[0])
+        grads[swap] = {n: p.grad for n, p in state.parameters.items()}
+    assert losses[True] == pytest.approx(losses[False], rel=1e-6)
+    for name in grads[True]:
+        np.testing.assert_allclose(grads[True][name], grads[False][name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -62,6 +62,40 @@ def _to_eval_mode(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     return out
 
 
+def _pool_before_relu(nodes: list[onnx.NodeProto], keep: set[str], taken: set[str]) -> list[onnx.NodeProto]:
+    """MaxPool(Relu(x)) -> Relu(MaxPool(x)) where the Relu feeds only the pool: the same values (Relu is
+    monotone), the same gradients (a window's first maximum is the same element, and a window whose maximum
+    is <= 0 gets no gradient either way), and the Relu and its gradient mask run on the pooled, smaller tensor
+    (a quarter of the elements for 2x2 pools)."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for n in nodes:
+        for x in set(node_inputs(n)):
+            consumers.setdefault(x, []).append(n)
+    swapped: dict[int, list[onnx.NodeProto]] = {}
+    dropped: set[int] = set()
+    for relu in nodes:
+        if relu.op_type != "Relu" or relu.output[0] in keep:
+            continue
+        readers = consumers.get(relu.output[0], [])
+        if len(readers) != 1 or readers[0].op_type != "MaxPool" or len([o for o in readers[0].output if o]) != 1:
+            continue
+        pool = readers[0]
+        pooled = f"{pool.output[0]}/before_relu"
+        while pooled in taken:
+            pooled += "_"
+        taken.add(pooled)
+        early = copy.deepcopy(pool)
+        early.input[0], early.output[0] = relu.input[0], pooled
+        late = helper.make_node("Relu", [pooled], [pool.output[0]], name=f"{relu.name or 'Relu'}/after_pool")
+        swapped[id(pool)] = [early, late]
+        dropped.add(id(relu))
+    out = []
+    for n in nodes:
+        if id(n) not in dropped:
+            out.extend(swapped.get(id(n), [n]))
+    return out
+
+
 def _drop_unread_indices(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:
     """MaxPool without the Indices output the gradient asked for, where nothing else reads it (onnxruntime
     then runs its faster indices-free kernel). The nodes are _to_eval_mode's copies."""
@@ -176,7 +210,8 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
             raise ValueError(f"{name!r} is not a value of the model (its outputs are {output_names})")
     lb, labels, loss_name = _add_loss(model, fwd, infos, loss, loss_inputs)
 
-    forward_nodes = [copy.deepcopy(n) for n in fwd.node] + lb.nodes
+    forward_nodes = _pool_before_relu([copy.deepcopy(n) for n in fwd.node] + lb.nodes,
+                                      keep={*output_names, *loss_inputs, *extras}, taken=used_names(fwd))
     full = copy.deepcopy(fwd)
     del full.node[:]
     full.node.extend(forward_nodes)
