@@ -181,7 +181,7 @@ def progress(i, total, rec):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--repeat", type=int, default=3, help="passes over everything (default 3)")
+    p.add_argument("--repeat", type=int, default=4, help="passes over everything (default 4)")
     p.add_argument("--threads", type=int, default=2, help="intra-op / torch threads (default 2)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated (default: all five)")
     p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated (default: onnxtrain,peer,torch)")
