@@ -16,7 +16,7 @@ from onnxtrain.artifacts.params import ParameterPlan
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.blocks.base import Block, BuildContext, building
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import constant_values, node_inputs, prune_nodes, used_names
+from onnxtrain.ir.passes import constant_values, default_opset, node_inputs, prune_nodes, rename_values, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
 __all__ = ["TrainingGraphs", "build_graphs"]
@@ -121,7 +121,7 @@ def _forward_graph(graph: onnx.GraphProto, weights: dict[str, np.ndarray], state
 def _add_loss(model: onnx.ModelProto, fwd: onnx.GraphProto, infos: dict[str, TensorInfo], loss: Block,
               loss_inputs: list[str]) -> tuple[GraphBuilder, list[onnx.ValueInfoProto], str]:
     """Let the loss block build its nodes on the forward graph: (their builder, new label inputs, loss name)."""
-    lb = GraphBuilder(model_opset(model), taken=used_names(fwd))
+    lb = GraphBuilder(default_opset(model), taken=used_names(fwd))
 
     def reinfer(ctx: BuildContext) -> dict[str, TensorInfo]:  # types of values the blocks made so far
         partial = copy.deepcopy(fwd)
@@ -145,11 +145,7 @@ def _rename_value(nodes: list[onnx.NodeProto], old: str, new: str) -> bool:
     """Rename a value that one of ``nodes`` produces, in all of them; False (nothing done) if none does."""
     if not any(old in n.output for n in nodes):
         return False
-    for node in nodes:
-        for field in (node.input, node.output):
-            for k, x in enumerate(field):
-                if x == old:
-                    field[k] = new
+    rename_values(nodes, {old: new})
     return True
 
 
@@ -219,9 +215,9 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     full.initializer.extend(lb.initializers)
     infos = infer_tensor_info(_model(model, full, {}))
 
-    gb = GraphBuilder(model_opset(model), taken=used_names(full), prefix="grad/")
+    gb = GraphBuilder(default_opset(model), taken=used_names(full), prefix="grad/")
     grads = build_gradients(forward_nodes, loss_name, plan.trainable, gb, infos, constants=constant_values(full))
-    acc = GraphBuilder(model_opset(model), taken=used_names(full) | {n.name for n in gb.nodes} |
+    acc = GraphBuilder(default_opset(model), taken=used_names(full) | {n.name for n in gb.nodes} |
                        {o for n in gb.nodes for o in n.output}, prefix="acc/")
     grad_inputs, grad_outputs = _accumulate(acc, grads, plan.trainable, infos)
     buffer_outputs = _buffer_outputs(acc, forward_nodes, plan.buffers, infos, extras)
@@ -259,6 +255,3 @@ def _used(initializers, nodes) -> list[onnx.TensorProto]:
             out.append(init)
     return out
 
-
-def model_opset(model: onnx.ModelProto) -> int:
-    return next(op.version for op in model.opset_import if op.domain in ("", "ai.onnx"))

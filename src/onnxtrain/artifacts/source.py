@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxtrain.ir.passes import node_inputs
+from onnxtrain.ir.passes import default_opset, node_inputs
 
 __all__ = ["SourceModel", "load_source_model", "MIN_OPSET"]
 
@@ -49,7 +49,7 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike) -> SourceModel
         copy = onnx.ModelProto()
         copy.CopyFrom(proto)
         proto = copy
-    opset = next((op.version for op in proto.opset_import if op.domain in ("", "ai.onnx")), None)
+    opset = default_opset(proto)
     if opset is None:
         raise ValueError("the model imports no default-domain (ai.onnx) opset")
     weights: dict[str, np.ndarray] = {}

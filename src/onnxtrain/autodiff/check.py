@@ -18,7 +18,7 @@ from onnx import helper
 
 from onnxtrain.autodiff.engine import build_gradients
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import constant_values, node_inputs, used_names
+from onnxtrain.ir.passes import constant_values, default_opset, node_inputs, used_names
 from onnxtrain.ir.types import infer_tensor_info
 
 __all__ = ["GradientReport", "check_gradients", "gradient_model", "run_model", "single_node_model"]
@@ -80,7 +80,7 @@ def gradient_model(model: onnx.ModelProto, wrt: Sequence[str], weights: Mapping[
     """
     graph = model.graph
     infos = infer_tensor_info(model)
-    opset = next(op.version for op in model.opset_import if op.domain in ("", "ai.onnx"))
+    opset = default_opset(model)
     b = GraphBuilder(opset, taken=used_names(graph))
     terms = []
     for out in graph.output:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 __all__ = ["prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs",
-           "fold_output_identities", "has_subgraphs"]
+           "fold_output_identities", "has_subgraphs", "rename_values", "default_opset"]
 
 
 # The standard ops with graph attributes; nodes of other domains are inspected attribute by attribute.
@@ -40,7 +40,7 @@ def implicit_inputs(node: onnx.NodeProto) -> list[str]:
 
 def node_inputs(node: onnx.NodeProto) -> list[str]:
     """The node's inputs followed by its implicit inputs: a rule returns one gradient for each."""
-    return [*node.input, *implicit_inputs(node)] if has_subgraphs(node) else list(node.input)
+    return [*node.input, *implicit_inputs(node)]
 
 
 def prune_nodes(nodes: Sequence[onnx.NodeProto], outputs: Iterable[str]) -> list[onnx.NodeProto]:
@@ -95,7 +95,7 @@ def fold_output_identities(graph: onnx.GraphProto) -> int:
     if not folds:
         return 0
     producers = {o for n in graph.node for o in n.output if o}
-    captured = {x for n in graph.node if has_subgraphs(n) for x in implicit_inputs(n)}
+    captured = {x for n in graph.node for x in implicit_inputs(n)}
     rename: dict[str, str] = {}
     dropped: list[int] = []
     for i, node in folds:
@@ -105,13 +105,23 @@ def fold_output_identities(graph: onnx.GraphProto) -> int:
             dropped.append(i)
     for i in reversed(dropped):
         del graph.node[i]
-    for node in graph.node:
+    rename_values(graph.node, rename)
+    stale = [vi for vi in graph.value_info if vi.name in rename]  # the outputs carry the types
+    for vi in stale:
+        graph.value_info.remove(vi)
+    return len(rename)
+
+
+def rename_values(nodes: Iterable[onnx.NodeProto], rename: Mapping[str, str]) -> None:
+    """Rename values in the inputs and outputs of ``nodes``, in place."""
+    for node in nodes:
         for field in (node.input, node.output):
             if not rename.keys().isdisjoint(field):
                 for k, x in enumerate(field):
                     if x in rename:
                         field[k] = rename[x]
-    stale = [vi for vi in graph.value_info if vi.name in rename]  # the outputs carry the types
-    for vi in stale:
-        graph.value_info.remove(vi)
-    return len(rename)
+
+
+def default_opset(model: onnx.ModelProto) -> int | None:
+    """The version of the default (ai.onnx) opset the model imports, or None."""
+    return next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), None)

@@ -17,7 +17,7 @@ import onnx
 from onnx import helper
 
 from onnxtrain import conventions as names
-from onnxtrain.ir.passes import used_names
+from onnxtrain.ir.passes import default_opset, has_subgraphs, used_names
 
 __all__ = ["fuse_optimizer", "FusedNames"]
 
@@ -42,7 +42,7 @@ def fuse_optimizer(train: onnx.ModelProto, optimizer: onnx.ModelProto,
     opt_inputs = {i.name for i in og.input}
     if not all(g in train_outputs for g in grad_outputs) or not {names.PARAMS, names.GRADIENTS} <= opt_inputs:
         return None
-    if _default_opset(train) != _default_opset(optimizer) or any(o.domain not in ("", "ai.onnx")
+    if default_opset(train) != default_opset(optimizer) or any(o.domain not in ("", "ai.onnx")
                                                                  for o in optimizer.opset_import):
         return None
     taken = used_names(tg)
@@ -79,14 +79,10 @@ def fuse_optimizer(train: onnx.ModelProto, optimizer: onnx.ModelProto,
     return model, fused
 
 
-def _default_opset(model: onnx.ModelProto) -> int | None:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-
-
 def _renamed_nodes(graph: onnx.GraphProto, fused: FusedNames) -> list[onnx.NodeProto]:
     out = []
     for node in graph.node:
-        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        if has_subgraphs(node):
             raise ValueError("optimizer graphs with subgraphs cannot be fused")
         copy = onnx.NodeProto()
         copy.CopyFrom(node)
