@@ -81,18 +81,26 @@ class Optimizer:
         state = self._module._state
         return id(self), float(self._lr), state.step, state._mutations
 
-    def _bind_fused(self, fused, inputs: dict, out: dict) -> None:
-        """Add the optimizer's inputs and outputs, under their fused names, to a fused training run's."""
+    def _io(self, name=str) -> tuple[dict, dict]:
+        """The update's persistent inputs and outputs except the gradients, keyed by ``name(graph name)``."""
         state = self._module._state
         self._step[...] = state.step + 1
-        inputs.update({fused(names.LEARNING_RATE): self._lr, fused(names.STEP): self._step,
-                       fused(names.PARAMS): state._params.current})
-        inputs.update({fused(s): st.current for s, st in self._states.items()})
-        out[fused(names.GRADIENTS)] = state._grads.spare
-        out[fused(names.output_name(names.PARAMS))] = state._params.spare
-        out.update({fused(names.output_name(s)): st.spare for s, st in self._states.items()})
+        inputs = {name(names.LEARNING_RATE): self._lr, name(names.STEP): self._step,
+                  name(names.PARAMS): state._params.current}
+        inputs.update({name(s): st.current for s, st in self._states.items()})
+        out = {name(names.output_name(names.PARAMS)): state._params.spare}
+        out.update({name(names.output_name(s)): st.spare for s, st in self._states.items()})
         if self._checks_finite:
-            out[fused(names.GRADIENTS_FINITE)] = self._finite
+            out[name(names.GRADIENTS_FINITE)] = self._finite
+        return inputs, out
+
+    def _bind_fused(self, fused, inputs: dict, out: dict) -> None:
+        """Add the optimizer's inputs and outputs, under their fused names, to a fused training run's; the
+        fused graph computes the flat gradient itself and writes it to the spare gradient buffer."""
+        update_inputs, update_out = self._io(fused)
+        inputs.update(update_inputs)
+        out.update(update_out)
+        out[fused(names.GRADIENTS)] = self._module._state._grads.spare
 
     def step(self) -> None:
         """One update of every trainable parameter (skipped, with a warning, if the gradients are not finite)."""
@@ -112,15 +120,8 @@ class Optimizer:
         state.step += 1
 
     def _run_update(self) -> None:
-        state = self._module._state
-        self._step[...] = state.step + 1
-        inputs = {names.LEARNING_RATE: self._lr, names.STEP: self._step, names.PARAMS: state._params.current,
-                  names.GRADIENTS: state._grads.current}
-        inputs.update({s: st.current for s, st in self._states.items()})
-        out = {names.output_name(names.PARAMS): state._params.spare}
-        out.update({names.output_name(s): st.spare for s, st in self._states.items()})
-        if self._checks_finite:
-            out[names.GRADIENTS_FINITE] = self._finite
+        inputs, out = self._io()
+        inputs[names.GRADIENTS] = self._module._state._grads.current
         if self._session is None:
             self._session = self._open_session()
         run_session(self._session, "optimizer step", {}, out, [], state=inputs)
