@@ -22,8 +22,6 @@ STILL_STATIC = {f"{op}-{tag}" for op, tags in {
     "GatherND": ["batch_dims1"], "DepthToSpace": ["CRD"], "Einsum": ["ii->i", "Ei,Ei->E"],
     "Conv": ["same_upper_1d"], "ConvTranspose": ["output_shape"],
     "GroupNormalization": ["2x6x4_6_6", "opset18_per_group"], "LRN": ["2x5x3x2", "even_size"],
-    "Resize": ["nearest_scales", "linear_half_pixel", "linear_align_corners_sizes", "cubic_antialias_down",
-               "axes_attr_3d", "tf_crop"],
     "GridSample": ["linear_zeros_align0", "linear_zeros_align1", "linear_border_align0", "linear_border_align1",
                    "linear_reflection_align0", "linear_reflection_align1", "nearest", "3d_nearest", "3d_linear",
                    "cubic"],
