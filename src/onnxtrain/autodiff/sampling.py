@@ -93,7 +93,10 @@ def resize(ctx: GradContext):
                 ctx.b.const(np.asarray(e_shape, dtype=dtype) * (1 - onehot))
         else:
             keep = ctx.b.const(1 - onehot)
-        own = ctx.b.const((onehot * known[a]).astype(dtype)) if known is not None else op.Mul(given, ctx.b.const(onehot))
+        if known is not None:
+            own = ctx.b.const((onehot * known[a]).astype(dtype))
+        else:
+            own = op.Mul(given, ctx.b.const(onehot))
         target = op.Add(own, keep)
         inputs = (eye, roi_e, "", target) if sizes is not None else (eye, roi_e, target)
         basis = op.Resize(*inputs, **attrs)
