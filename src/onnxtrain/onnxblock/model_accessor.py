@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import onnx
 from onnx import helper
@@ -27,7 +27,7 @@ _ACCESSORS: list[ModelAccessor] = []
 class _AccessorContext(BuildContext):
     """A build context whose value types follow the accessor's model, which users may edit at any time."""
 
-    def require_input(self, name, elem_type, shape):
+    def require_input(self, name: str, elem_type: int, shape: Sequence | None) -> str:
         if name not in self.infos and self.reinfer is not None:  # an input the user added, a value a node made
             self.infos.update(self.reinfer(self))
         return super().require_input(name, elem_type, shape)
@@ -44,7 +44,8 @@ class ModelAccessor:
                              "model.opset_import.append(onnx.helper.make_opsetid('', 17))")
         self._flushed = (0, 0, 0)
         builder = GraphBuilder(opset, taken=used_names(model.graph))
-        self.context = _AccessorContext(builder, self._infer(), reinfer=lambda _ctx: self._infer())
+        self.context = _AccessorContext(builder, {}, reinfer=lambda _ctx: self._infer())
+        self.context.infos = self._infer()
 
     @property
     def model(self) -> onnx.ModelProto:
@@ -58,9 +59,9 @@ class ModelAccessor:
         return self._model
 
     def _infer(self) -> dict[str, TensorInfo]:
-        model = self.model if hasattr(self, "context") else self._model
-        if hasattr(self, "context"):  # names the user added since (graph inputs) are taken too
-            self.context.builder.take(used_names(model.graph))
+        """Value types of the model built so far; names the user added since (graph inputs) become taken."""
+        model = self.model
+        self.context.builder.take(used_names(model.graph))
         return infer_tensor_info(model)
 
     def value_info(self, name: str) -> onnx.ValueInfoProto:
