@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { CheckpointState, CheckpointError, loadCheckpoint, saveCheckpoint } from '../src/index.js';
-import { fixtures, load } from './fixtures.js';
+import { fixtures, load } from './support/fixtures.js';
 
 const { dir } = fixtures();
 

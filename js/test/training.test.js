@@ -8,8 +8,8 @@ import { join } from 'node:path';
 import * as ortNode from 'onnxruntime-node';
 import * as ortWeb from 'onnxruntime-web';
 import { bindEngine } from '../src/index.js';
-import { runCase } from './harness.js';
-import { fixtures, load } from './fixtures.js';
+import { runCase } from './support/harness.js';
+import { fixtures, load } from './support/fixtures.js';
 
 ortWeb.env.wasm.numThreads = 1;
 const ENGINES = { node: bindEngine(ortNode), web: bindEngine(ortWeb) };

@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-export const REPO = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+export const REPO = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 
 let cached;
 

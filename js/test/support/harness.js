@@ -1,7 +1,7 @@
 // Shared by the Node.js tests and the browser page: train one case of tests/js/reference.py with a bound API
 // and compare with Python's results. `load(path)` returns a file's bytes (fs in Node.js, fetch in a browser).
 
-import { loadCheckpoint, readSafetensors, CheckpointState } from '../src/index.js';
+import { loadCheckpoint, readSafetensors, CheckpointState } from '../../src/index.js';
 
 /** max |a - b| / max |b| over one tensor (relative to the tensor's scale; 0 for identical tensors). */
 export function relativeError(actual, expected) {
