@@ -69,3 +69,10 @@ def test_chromium(fixtures):
     for case in ("mlp_sgd", "mlp_adamw", "cnn_adamw"):
         assert_loads_back(fixtures / case / "js_browser.ckpt", fixtures / case / "expected.ckpt")
     assert_loads_back(fixtures / "resume" / "js_browser.ckpt", fixtures / reference.RESUME_CASE / "expected.ckpt")
+
+
+def test_type_declarations(fixtures):
+    """The .d.ts files describe the documented usage (tsc, no emit)."""
+    result = subprocess.run(["npx", "--no-install", "tsc", "-p", "tsconfig.json"], cwd=JS, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
