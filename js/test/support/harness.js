@@ -73,3 +73,28 @@ export async function runCase(api, load, dir, info, { checkpoint = `${dir}/check
 }
 
 export { CheckpointState };
+
+/** Median training step time (train step + optimizer step + reset) in ms over `steps` steps after 3 warm-up steps. */
+export async function benchCase(api, load, dir, info, steps = 30) {
+  const { ort } = api;
+  const data = readSafetensors(await load(`${dir}/data.safetensors`), 'data').tensors;
+  const session = await api.TrainingSession.create({
+    checkpointState: await load(`${dir}/checkpoint`), trainModel: await load(`${dir}/training_model.onnx`),
+    optimizerModel: await load(`${dir}/optimizer_model.onnx`),
+  });
+  session.setLearningRate(info.lr);
+  const x = data.get('x/0');
+  const y = data.get('y/0');
+  const feeds = { [info.input]: new ort.Tensor('float32', x.data, x.shape), labels: new ort.Tensor('int64', y.data, y.shape) };
+  const times = [];
+  for (let i = 0; i < steps + 3; i++) {
+    const started = performance.now();
+    await session.runTrainStep(feeds);
+    await session.runOptimizerStep();
+    await session.lazyResetGrad();
+    if (i >= 3) times.push(performance.now() - started);
+  }
+  await session.release();
+  times.sort((a, b) => a - b);
+  return times[Math.floor(times.length / 2)];
+}
