@@ -43,3 +43,27 @@ for (const [engine, api] of Object.entries(ENGINES)) {
     writeFileSync(join(dir, 'resume', `js_${engine}.ckpt`), r.checkpoint);
   });
 }
+
+test('gradients accumulate until lazyResetGrad; getContiguousParameters/loadParametersBuffer round-trip', async () => {
+  const api = ENGINES.node;
+  const folder = join(dir, 'mlp_sgd');
+  const session = await api.TrainingSession.create({ checkpointState: join(folder, 'checkpoint'),
+    trainModel: join(folder, 'training_model.onnx'), optimizerModel: join(folder, 'optimizer_model.onnx') });
+  const x = new ortNode.Tensor('float32', new Float32Array(16 * 8).map((_, i) => Math.cos(i)), [16, 8]);
+  const y = new ortNode.Tensor('int64', new BigInt64Array(16).map((_, i) => BigInt(i % 4)), [16]);
+  const state = session.checkpointState;
+  await session.runTrainStep({ input: x, labels: y });
+  const once = state.getGradient('fc1.weight');
+  await session.runTrainStep({ input: x, labels: y });
+  const twice = state.getGradient('fc1.weight');
+  assert.ok(twice.every((g, i) => Math.abs(g - 2 * once[i]) <= 1e-6 * (1 + Math.abs(g))));
+  await session.lazyResetGrad();
+  await session.runTrainStep({ input: x, labels: y });
+  assert.deepEqual(state.getGradient('fc1.weight'), once);
+  const flat = await session.getContiguousParameters(true);
+  assert.equal(flat.dims[0], await session.getParametersSize(true));
+  const doubled = Float32Array.from(flat.data, (v) => 2 * v);
+  await session.loadParametersBuffer(new Uint8Array(doubled.buffer), true);
+  assert.deepEqual((await session.getContiguousParameters(true)).data, doubled);
+  await session.release();
+});
