@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ from onnxtrain import conventions as names
 from onnxtrain.artifacts.params import ParameterPlan
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.blocks.base import Block, BuildContext, building
+from onnxtrain.conventions import TrainingMeta
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.passes import constant_values, default_opset, node_inputs, prune_nodes, rename_values, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
@@ -231,18 +231,18 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
         [*user_inputs, *labels, *state_inputs, *grad_inputs,
          helper.make_tensor_value_info(names.LAZY_RESET_GRAD, onnx.TensorProto.BOOL, [])],
         outputs, initializer=_used([*full.initializer, *gb.initializers, *acc.initializers], train_nodes))
-    meta = json.dumps({
-        "user_inputs": [i.name for i in user_inputs], "labels": [i.name for i in labels], "loss": loss_name,
-        "additional_outputs": extras, "trainable": plan.trainable, "frozen": plan.frozen, "buffers": plan.buffers,
-        "model_outputs": output_names,
-    })
-    training = _model(model, train_graph, {names.TRAINING_META: meta})
+    meta = TrainingMeta(
+        user_inputs=[i.name for i in user_inputs], labels=[i.name for i in labels], loss=loss_name,
+        additional_outputs=list(extras), trainable=list(plan.trainable), frozen=list(plan.frozen),
+        buffers=list(plan.buffers), model_outputs=list(output_names),
+    ).to_props()
+    training = _model(model, train_graph, meta)
 
     eval_nodes = _drop_unread_indices(prune_nodes(_to_eval_mode(forward_nodes), [loss_name, *extras]),
                                       [loss_name, *extras])
     eval_graph = helper.make_graph(eval_nodes, "eval", [*user_inputs, *labels, *state_inputs],
                                    [loss_vi, *extra_outputs], initializer=_used(full.initializer, eval_nodes))
-    evaluation = _model(model, eval_graph, {names.TRAINING_META: meta})
+    evaluation = _model(model, eval_graph, meta)
     return TrainingGraphs(training, evaluation, [i.name for i in user_inputs], [i.name for i in labels])
 
 
