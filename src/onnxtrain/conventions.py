@@ -75,6 +75,11 @@ def _strings(value: object) -> list[str]:
     return list(value)
 
 
+def _pair(value: object) -> tuple[str, str]:
+    fresh, accumulated = _strings(value)
+    return fresh, accumulated
+
+
 @dataclass(frozen=True)
 class TrainingMeta:
     """The interface of the training and eval models: which graph inputs the user feeds, which are
@@ -89,6 +94,9 @@ class TrainingMeta:
         frozen: parameters fed to the graphs but never updated.
         buffers: non-parameter state the training graph updates (BatchNorm running statistics).
         model_outputs: the forward model's outputs (what an exported inference model returns by default).
+        accumulation: per trainable parameter, the two values its gradient output selects between:
+            ``(fresh, accumulated)``, the output being ``lazy_reset_grad ? fresh : accumulated``. The runtime
+            specialises the graph for each value of the flag from this (empty in artifacts of older versions).
     """
 
     user_inputs: list[str]
@@ -99,6 +107,7 @@ class TrainingMeta:
     frozen: list[str]
     buffers: list[str]
     model_outputs: list[str]
+    accumulation: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def to_props(self) -> dict[str, str]:
         """The ``metadata_props`` entries that carry this description."""
@@ -113,7 +122,8 @@ class TrainingMeta:
                                 f"(no {TRAINING_META!r} metadata)")
         try:
             raw = json.loads(text)
-            return cls(loss=str(raw.get("loss", "")),
+            accumulation = {str(p): _pair(v) for p, v in raw.get("accumulation", {}).items()}
+            return cls(loss=str(raw.get("loss", "")), accumulation=accumulation,
                        **{k: _strings(raw[k]) for k in ("user_inputs", "labels", "additional_outputs", "trainable",
                                                          "frozen", "buffers", "model_outputs")})
         except (ValueError, KeyError, TypeError, AttributeError):

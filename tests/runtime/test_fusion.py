@@ -11,7 +11,7 @@ from onnxtrain import blocks
 from onnxtrain.api import CheckpointState, Module, Optimizer
 from onnxtrain.artifacts import LossType, generate_artifacts
 from onnxtrain.conventions import TrainingMeta
-from onnxtrain.runtime.fusion import fuse_optimizer
+from onnxtrain.runtime.passes import FusedNames, FuseOptimizer
 from tests import models
 
 OPTIMIZERS = {"adamw": lambda: blocks.AdamW(weight_decay=0.01, max_norm=1.0),
@@ -146,7 +146,9 @@ def test_fused_graph_is_plain_onnx(tmp_path):
     folder = _generate(tmp_path, models.conv_bn(), "adamw")
     train = onnx.load(folder / "training_model.onnx")
     meta = TrainingMeta.from_model(train)
-    fused, fused_names = fuse_optimizer(train, onnx.load(folder / "optimizer_model.onnx"), meta.trainable)
+    result = FuseOptimizer(onnx.load(folder / "optimizer_model.onnx"), meta.trainable)(train)
+    fused, fused_names = result.model, FusedNames.of_fused(result.model)
+    assert result.modified
     onnx.checker.check_model(fused, full_check=True)
     outputs = {o.name for o in fused.graph.output}
     assert fused_names("params.out") in outputs and fused_names("gradients") in outputs

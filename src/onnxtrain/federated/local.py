@@ -11,13 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxtrain.api import CheckpointState, Module, Optimizer
+from onnxtrain.conventions import ARTIFACT_FILES
 from onnxtrain.federated.spec import ParamSpec
 from onnxtrain.runtime.loop import batches, evaluate, train_epoch
 
 __all__ = ["ARTIFACT_FILES", "artifact_paths", "LocalModel", "Evaluation"]
 
-ARTIFACT_FILES = {"training": "training_model.onnx", "eval": "eval_model.onnx", "optimizer": "optimizer_model.onnx",
-                  "checkpoint": "checkpoint"}
 
 
 def artifact_paths(artifacts_dir: str | os.PathLike | None, need_optimizer: bool = True) -> dict[str, str]:

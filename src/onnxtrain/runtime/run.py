@@ -18,6 +18,7 @@ several calls per step does not fuse: the update would be computed, and thrown a
 
 from __future__ import annotations
 
+import logging
 import warnings
 from dataclasses import dataclass
 
@@ -26,16 +27,17 @@ import onnx
 
 from onnxtrain import conventions as names
 from onnxtrain.conventions import TrainingMeta
-from onnxtrain.errors import ArtifactError
+from onnxtrain.errors import ArtifactError, PassError
 from onnxtrain.runtime.backends.base import graph_io
 from onnxtrain.runtime.engine_errors import run_session
-from onnxtrain.runtime.fusion import FusedNames, fuse_optimizer
 from onnxtrain.runtime.loading import open_artifact_session
+from onnxtrain.runtime.passes import FusedNames, FuseOptimizer, SpecializeReset
 from onnxtrain.runtime.update import UpdateGraph
 from onnxtrain.runtime.values import TrainingValues
-from onnxtrain.runtime.variants import specialize_accumulation
 
 __all__ = ["TrainingRun", "PreparedUpdate"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -186,15 +188,20 @@ class TrainingRun:
         return None
 
     # -- sessions --------------------------------------------------------------------------------------------
+    def _specialized(self, reset: bool) -> onnx.ModelProto:
+        """The training model with the reset flag fixed (runtime/passes/specialize_reset.py), or as written if
+        it cannot be specialised (the flag input then decides at run time: slower, same results)."""
+        try:
+            return SpecializeReset(self.meta.accumulation, reset)(self.train_model).model
+        except PassError as exc:
+            logger.warning("running the training model with its reset flag as an input: %s", exc)
+            return self.train_model
+
     def _session_for(self, reset: bool):
         """The training session for this value of the reset flag, created on first use (each session holds
         its own memory plan, so only the ones a training loop needs exist)."""
         if reset not in self._variants:
-            try:
-                variant = specialize_accumulation(self.train_model, self.meta.trainable, reset)
-            except Exception:  # noqa: BLE001 - a damaged graph: loading it as it is reports the problem
-                variant = None
-            self._variants[reset] = open_artifact_session(variant or self.train_model, "training model",
+            self._variants[reset] = open_artifact_session(self._specialized(reset), "training model",
                                                           self._device, self._session_options)
         return self._variants[reset]
 
@@ -205,26 +212,27 @@ class TrainingRun:
                 and self._calls_last_cycle == 1)
 
     def _fused_session_for(self, reset: bool):
-        """(session, names) of the training graph fused with the optimizer graph, or None if they cannot be."""
+        """(session, names) of the training graph fused with the optimizer graph, or None if they cannot be
+        fused (logged; the two graphs then run one after the other, with the same results)."""
         if reset not in self._fused:
-            try:
-                variant = specialize_accumulation(self.train_model, self.meta.trainable, reset)
-                fused = fuse_optimizer(variant or self.train_model, self._update.model, self.meta.trainable)
-            except Exception:  # noqa: BLE001 - a damaged graph: the separate graphs report it clearly
-                fused = None
-            if fused is not None:
-                try:
-                    session = open_artifact_session(fused[0], "training model fused with the optimizer",
-                                                    self._device, self._session_options)
-                except ArtifactError:  # fusing is an optimisation: the separate graphs still train
-                    warnings.warn("the training and optimizer graphs could not be fused; running them "
-                                  "separately", RuntimeWarning, stacklevel=5)
-                    self._fused[reset] = None
-                    return None
-                fused = (session, fused[1])
-                # The separate sessions (opened early, so that a broken artifact fails at construction) are
-                # closed: their memory and idle threads are not needed while the loop fuses. Reopened if needed.
-                self._variants.clear()
-                self._update.close_session()
-            self._fused[reset] = fused
+            self._fused[reset] = self._open_fused(reset)
         return self._fused[reset]
+
+    def _open_fused(self, reset: bool):
+        try:
+            fused = FuseOptimizer(self._update.model, self.meta.trainable)(self._specialized(reset)).model
+        except PassError as exc:
+            logger.warning("running the training and optimizer graphs separately: %s", exc)
+            return None
+        try:
+            session = open_artifact_session(fused, "training model fused with the optimizer", self._device,
+                                            self._session_options)
+        except ArtifactError as exc:  # fusing is an optimisation: the separate graphs still train
+            warnings.warn(f"the training and optimizer graphs could not be fused; running them separately ({exc})",
+                          RuntimeWarning, stacklevel=6)
+            return None
+        # The separate sessions (opened early, so that a broken artifact fails at construction) are closed:
+        # their memory and idle threads are not needed while the loop fuses. Reopened if needed.
+        self._variants.clear()
+        self._update.close_session()
+        return session, FusedNames.of_fused(fused)
