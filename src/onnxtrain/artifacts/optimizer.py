@@ -7,11 +7,11 @@ import onnx
 from onnx import helper
 
 from onnxtrain import conventions as names
+from onnxtrain.artifacts.passes import FoldOutputIdentities
 from onnxtrain.blocks.base import BuildContext, building
 from onnxtrain.blocks.optim import Optimizer, OptimizerInputs
 from onnxtrain.conventions import OptimizerMeta
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import fold_output_identities
 
 __all__ = ["build_optimizer_model"]
 
@@ -54,9 +54,9 @@ def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], o
         [vec(names.output_name(n)) for n in [names.PARAMS, *optimizer.state_names]]
         + [helper.make_tensor_value_info(names.GRADIENTS_FINITE, onnx.TensorProto.BOOL, [])],
         initializer=b.initializers)
-    fold_output_identities(graph)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="onnxtrain")
     model.ir_version = ir_version
+    model = FoldOutputIdentities()(model).model
     meta = OptimizerMeta(type(optimizer).__name__, optimizer.config(), list(optimizer.state_names),
                          [(k, tuple(v.shape)) for k, v in params.items()], str(dtype))
     for key, value in meta.to_props().items():

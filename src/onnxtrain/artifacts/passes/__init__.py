@@ -2,6 +2,7 @@
 
 from onnxtrain.artifacts.passes.drop_unread_indices import DropUnreadIndices
 from onnxtrain.artifacts.passes.eval_mode import EvalMode
+from onnxtrain.artifacts.passes.fold_output_identities import FoldOutputIdentities
 from onnxtrain.artifacts.passes.pool_before_relu import PoolBeforeRelu
 
-__all__ = ["EvalMode", "DropUnreadIndices", "PoolBeforeRelu"]
+__all__ = ["EvalMode", "DropUnreadIndices", "PoolBeforeRelu", "FoldOutputIdentities"]
