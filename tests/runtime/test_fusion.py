@@ -28,9 +28,9 @@ def _setup(folder, fuse: bool, device="cpu"):
     state = CheckpointState.load_checkpoint(folder / "checkpoint")
     module = Module(folder / "training_model.onnx", state, device=device)
     optimizer = Optimizer(folder / "optimizer_model.onnx", module)
-    module.run.fuse = fuse
+    module.training_run.fuse = fuse
     runs = []  # runs of the optimizer graph on its own
-    update = module.run.update_graph
+    update = module.training_run.update_graph
     original = update.run
     update.run = lambda: runs.append(1) or original()
     return state, module, optimizer, runs

@@ -34,8 +34,8 @@ class Module:
             warning is issued) or "raise" (NonFiniteError).
 
     Attributes:
-        run: the :class:`~onnxtrain.runtime.run.TrainingRun` that owns the sessions (an Optimizer created on
-            this Module attaches to it).
+        training_run: the :class:`~onnxtrain.runtime.run.TrainingRun` that owns the sessions (an Optimizer
+            created on this Module attaches to it).
         nonfinite_steps: training calls whose loss was NaN or infinite.
     """
 
@@ -48,7 +48,7 @@ class Module:
         self.on_nonfinite = on_nonfinite
         train_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
-        self.run = TrainingRun(state.values, train_model, eval_model, device, session_options)
+        self.training_run = TrainingRun(state.values, train_model, eval_model, device, session_options)
         self.training = True
         self.nonfinite_steps = 0
 
@@ -64,17 +64,19 @@ class Module:
 
     def lazy_reset_grad(self) -> None:
         """Start the gradient accumulation afresh at the next training step."""
-        self.run.lazy_reset_grad()
+        self.training_run.lazy_reset_grad()
 
     def input_names(self) -> list[str]:
         """The inputs a call takes in the current mode (user inputs, then labels)."""
-        return [m.name for m in (self.run.train_inputs if self.training else self.run.eval_inputs or [])]
+        run = self.training_run
+        return [m.name for m in (run.train_inputs if self.training else run.eval_inputs or [])]
 
     def output_names(self) -> list[str]:
         """The outputs a call returns in the current mode (the loss first)."""
+        run = self.training_run
         if self.training:
-            return [m.name for m in self.run.train_outputs[:1 + len(self.run.meta.additional_outputs)]]
-        return [m.name for m in self.run.eval_outputs or []]
+            return [m.name for m in run.train_outputs[:1 + len(run.meta.additional_outputs)]]
+        return [m.name for m in run.eval_outputs or []]
 
     def __call__(self, *user_inputs):
         ort_values = any(_is_ortvalue(v) for v in user_inputs)
@@ -85,46 +87,46 @@ class Module:
         return outputs[0] if len(outputs) == 1 else outputs
 
     def _train_step(self, arrays) -> list[np.ndarray]:
-        inputs = self.run.train_inputs
-        arrays = check_inputs(inputs, arrays, "training step")
-        extras = self.run.train_step(dict(zip((m.name for m in inputs), arrays)))
-        if not self.run.last_loss_finite:
+        run = self.training_run
+        arrays = check_inputs(run.train_inputs, arrays, "training step")
+        extras = run.train_step(dict(zip((m.name for m in run.train_inputs), arrays)))
+        if not run.last_loss_finite:
             self._nonfinite_loss()
-        return [self.run.loss.copy(), *extras]
+        return [run.loss.copy(), *extras]
 
     def _nonfinite_loss(self) -> None:
         self.nonfinite_steps += 1
-        message = f"the training loss is {float(self.run.loss)} (not finite)"
+        message = f"the training loss is {float(self.training_run.loss)} (not finite)"
         if self.on_nonfinite == "raise":
             raise NonFiniteError(message + "; lower the learning rate or check the inputs for NaN/inf")
         warnings.warn(message + "; the next optimizer step will be skipped", RuntimeWarning, stacklevel=4)
 
     def _eval_step(self, arrays) -> list[np.ndarray]:
-        inputs = self.run.eval_inputs
+        inputs = self.training_run.eval_inputs
         if inputs is None:
-            return self.run.eval_step({})  # raises: there is no eval model
+            return self.training_run.eval_step({})  # raises: there is no eval model
         arrays = check_inputs(inputs, arrays, "eval step")
-        return self.run.eval_step(dict(zip((m.name for m in inputs), arrays)))
+        return self.training_run.eval_step(dict(zip((m.name for m in inputs), arrays)))
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (trainable only, or all)."""
-        return self.run.values.parameter_count(trainable_only)
+        return self.training_run.values.parameter_count(trainable_only)
 
     def get_contiguous_parameters(self, trainable_only: bool = False):
         """All parameters (trainable, then frozen unless ``trainable_only``) as one flat OrtValue."""
-        return owned_ortvalue(self.run.values.flat_parameters(trainable_only))
+        return owned_ortvalue(self.training_run.values.flat_parameters(trainable_only))
 
     def copy_buffer_to_parameters(self, buffer, trainable_only: bool = True) -> None:
         """Set the parameters from one flat buffer (numpy array or OrtValue), in get_contiguous_parameters order."""
         flat = buffer.numpy() if _is_ortvalue(buffer) else np.asarray(buffer)
-        self.run.values.set_flat_parameters(flat, trainable_only)
+        self.training_run.values.set_flat_parameters(flat, trainable_only)
 
     def export_model_for_inferencing(self, inference_model_uri: str | os.PathLike,
                                      graph_output_names: list[str] | None = None) -> None:
         """Write an inference model: the forward graph in inference mode with the current weights inside."""
         from onnxtrain.runtime.export import export_inference_model
 
-        run = self.run
+        run = self.training_run
         if run.eval_model is None:
             raise RuntimeError("exporting needs the eval model: pass eval_model_uri=... to Module()")
         export_inference_model(run.eval_model, run.meta, run.values.graph_values(), inference_model_uri,

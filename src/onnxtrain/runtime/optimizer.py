@@ -26,7 +26,7 @@ class Optimizer:
         if not isinstance(module, Module):
             raise TypeError(f"module must be an onnxtrain Module, got {type(module).__name__}")
         model = load_model(optimizer_uri, "optimizer model")
-        self._run = module.run
+        self._run = module.training_run
         self._update = self._run.attach_optimizer(model)
         self.state_names = tuple(self._update.meta.states)
         self.config = self._update.meta.config
