@@ -85,7 +85,8 @@ class TrainingRun:
         self._reset = np.array(True)
         self._reset_pending = True
         self._buffer_spare = {n: np.empty_like(a) for n, a in values.buffers.items()}
-        # The training graph with the reset flag decided in advance (see variants.py); built on first use.
+        # The training graph with the reset flag decided in advance, and its sessions; built on first use.
+        self._specialized_models: dict[bool, onnx.ModelProto] = {}
         self._variants: dict[bool, object] = {}
         self._session_for(True)  # the session a training loop needs first; a broken model fails here
         self.fuse = True
@@ -191,11 +192,14 @@ class TrainingRun:
     def _specialized(self, reset: bool) -> onnx.ModelProto:
         """The training model with the reset flag fixed (runtime/passes/specialize_reset.py), or as written if
         it cannot be specialised (the flag input then decides at run time: slower, same results)."""
-        try:
-            return SpecializeReset(self.meta.accumulation, reset)(self.train_model).model
-        except PassError as exc:
-            logger.warning("running the training model with its reset flag as an input: %s", exc)
-            return self.train_model
+        if reset not in self._specialized_models:
+            try:
+                model = SpecializeReset(self.meta.accumulation, reset)(self.train_model).model
+            except PassError as exc:
+                logger.warning("running the training model with its reset flag as an input: %s", exc)
+                model = self.train_model
+            self._specialized_models[reset] = model
+        return self._specialized_models[reset]
 
     def _session_for(self, reset: bool):
         """The training session for this value of the reset flag, created on first use (each session holds
