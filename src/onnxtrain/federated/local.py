@@ -87,7 +87,8 @@ class LocalModel:
     def save(self, directory: str | os.PathLike, model_name: str = "model.onnx") -> dict[str, str]:
         """Write ``checkpoint`` and the inference model ``model_name`` into ``directory``, each atomically."""
         os.makedirs(directory, exist_ok=True)
-        paths = {"checkpoint": os.path.join(directory, "checkpoint"), "model": os.path.join(directory, model_name)}
+        paths = {"checkpoint": os.path.join(directory, ARTIFACT_FILES["checkpoint"]),
+                 "model": os.path.join(directory, model_name)}
         CheckpointState.save_checkpoint(self.state, paths["checkpoint"])
         self.module.export_model_for_inferencing(paths["model"])
         return paths
