@@ -9,6 +9,7 @@ from onnxtrain.autodiff import (  # noqa: F401  (registration)
     control_flow,
     elementwise,
     linalg,
+    loops,
     loss,
     math,
     nn,

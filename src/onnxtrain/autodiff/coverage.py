@@ -54,10 +54,6 @@ NOTES = {
 }
 
 
-# Ops whose function body loops (Loop/Scan have no gradient), found by the node-test corpus.
-LOOPING_BODIES = {"LinearAttention": "Scan"}
-
-
 @dataclass(frozen=True)
 class OpCoverage:
     op: str
@@ -96,8 +92,6 @@ def _status(schema: defs.OpSchema) -> tuple[str, str]:
         return "not differentiable", NOTES.get(op, "no floating-point input")
     if op in NON_DIFFERENTIABLE:
         return "zero gradient", "piecewise constant"
-    if op in LOOPING_BODIES:
-        return "unsupported", f"its function body loops with {LOOPING_BODIES[op]}, which has no gradient"
     if has_function_body(op, schema.since_version):
         return "function body", NOTES.get(op, "")
     return "unsupported", NOTES.get(op, "no rule and no function body")
