@@ -423,6 +423,32 @@ row("GridSample", {"x": randn(1, 2, 4, 5), "g": uniform(-1.2, 1.2, 1, 3, 2, 2)},
     opset=22, tag="cubic", torch=lambda x, g: F().grid_sample(x, g, "bicubic", "zeros", True))
 
 
+# -- spectral ------------------------------------------------------------------------------------------------
+def _cplx(x):
+    """(..., 2) real pairs as a complex torch tensor."""
+    return _t().view_as_complex(x.contiguous())
+
+
+row("DFT", {"x": randn(2, 8, 1)}, {"axis": 1}, opset=18, tag="real_axis_attr",
+    torch=lambda x: _t().view_as_real(_t().fft.fft(x[..., 0], dim=1)))
+row("DFT", {"x": randn(3, 5, 2)}, opset=20, tag="complex_default_axis",
+    torch=lambda x: _t().view_as_real(_t().fft.fft(_cplx(x), dim=1)))
+row("DFT", {"x": randn(2, 6, 3, 2)}, {"inverse": 1}, consts={"n": i64(8), "axis": i64(1)}, opset=20,
+    tag="inverse_zero_padded", torch=lambda x: _t().view_as_real(_t().fft.ifft(_cplx(x), n=8, dim=1)))
+row("DFT", {"x": randn(2, 3, 9, 1)}, {"onesided": 1}, consts={"n": i64(6), "axis": i64(2)}, opset=20,
+    tag="rfft_truncated", torch=lambda x: _t().view_as_real(_t().fft.rfft(x[..., 0], n=6, dim=2)))
+row("DFT", {"x": randn(1, 4, 3, 2)}, {"inverse": 1, "onesided": 1}, consts={"_omit": NO_ROI, "axis": i64(1)},
+    order=["x", "_omit", "axis"], opset=20, tag="irfft",
+    torch=lambda x: _t().fft.irfft(_cplx(x), dim=1)[..., None])
+row("DFT", {"x": randn(2, 5, 2)}, {"inverse": 1, "onesided": 1}, consts={"n": i64(7), "axis": i64(1)}, opset=20,
+    tag="irfft_odd_length", torch=lambda x: _t().fft.irfft(_cplx(x), n=7, dim=1)[..., None])
+row("STFT", {"signal": randn(2, 20, 1), "window": uniform(0.5, 1.5, 6)}, {"onesided": 1}, consts={"step": i64(3)},
+    order=["signal", "step", "window"], opset=17, tag="real_window",  # onnx's inference misses the default onesided
+    torch=lambda s, w: _t().view_as_real(_t().stft(s[..., 0], 6, 3, window=w, center=False, onesided=True,
+                                                   return_complex=True).transpose(1, 2)))
+row("STFT", {"signal": randn(1, 16, 2)}, {"onesided": 0}, consts={"step": i64(4), "_omit": NO_ROI, "n": i64(5)},
+    order=["signal", "step", "_omit", "n"], opset=17, tag="complex_frame_length")
+
 # -- the table must cover every rule ------------------------------------------------------------------------
 def test_every_rule_has_a_row():
     tested = {r.op for r in ROWS} | set(NON_DIFFERENTIABLE) | set(EXTRA_TESTED)

@@ -18,6 +18,7 @@ from onnxtrain.autodiff import (  # noqa: F401  (registration)
     reduce,
     sampling,
     shape,
+    spectral,
     tensor,
 )
 from onnxtrain.autodiff.context import GradContext
