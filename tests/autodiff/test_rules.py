@@ -449,6 +449,22 @@ row("STFT", {"signal": randn(2, 20, 1), "window": uniform(0.5, 1.5, 6)}, {"onesi
 row("STFT", {"signal": randn(1, 16, 2)}, {"onesided": 0}, consts={"step": i64(4), "_omit": NO_ROI, "n": i64(5)},
     order=["signal", "step", "_omit", "n"], opset=17, tag="complex_frame_length")
 
+# -- patches, determinants, caches ---------------------------------------------------------------------------
+row("Col2Im", {"x": randn(2, 12, 9)}, consts={"image": i64([4, 5]), "block": i64([2, 3])}, opset=18,
+    torch=lambda x: F().fold(x, (4, 5), (2, 3)))
+row("Col2Im", {"x": randn(1, 8, 12)}, {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 1, 1, 1]},
+    consts={"image": i64([5, 4]), "block": i64([2, 2])}, opset=18, tag="strided_dilated_padded",
+    torch=lambda x: F().fold(x, (5, 4), (2, 2), dilation=(1, 2), padding=1, stride=(2, 1)))
+row("Col2Im", {"x": randn(1, 4, 12)}, consts={"image": i64([2, 3, 4]), "block": i64([1, 2, 2])}, opset=18, tag="3d")
+row("Det", {"x": randn(3, 3)}, opset=13, torch=lambda x: _t().linalg.det(x))
+row("Det", {"x": randn(2, 4, 4)}, opset=13, torch=lambda x: _t().linalg.det(x))
+row("Det", {"x": np.array([[1.0, 2.0], [2.0, 4.0]])}, opset=13, tag="singular")  # no inverse needed; torch gives 0
+
+row("TensorScatter", {"past": randn(2, 3, 6, 4), "new": randn(2, 3, 2, 4)}, consts={"w": i64([1, 4])}, opset=24)
+row("TensorScatter", {"past": randn(3, 5, 2), "new": randn(3, 3, 2)}, {"mode": "circular", "axis": 1},
+    consts={"w": i64([0, 3, 4])}, opset=24, tag="circular_axis1")
+row("TensorScatter", {"past": randn(2, 4, 3), "new": randn(2, 2, 3)}, {"axis": 1}, opset=24, tag="no_write_indices")
+
 # -- the table must cover every rule ------------------------------------------------------------------------
 def test_every_rule_has_a_row():
     tested = {r.op for r in ROWS} | set(NON_DIFFERENTIABLE) | set(EXTRA_TESTED)

@@ -8,6 +8,7 @@ from onnxtrain.autodiff import (  # noqa: F401  (registration)
     attention,
     control_flow,
     elementwise,
+    im2col,
     linalg,
     loops,
     loss,
