@@ -25,8 +25,8 @@ from onnx import defs
 
 from onnxtrain.autodiff import GRADIENT_RULES, NON_DIFFERENTIABLE
 from onnxtrain.autodiff.check import check_gradients
-from onnxtrain.autodiff.control_flow import UNSUPPORTED
 from onnxtrain.autodiff.function_body import has_function_body
+from onnxtrain.autodiff.unsupported import UNSUPPORTED
 
 MAX_ELEMENTS = 6          # finite differences per input
 MAX_INPUT_SIZE = 50_000   # larger inputs make the reference runs too slow for the suite
@@ -37,6 +37,9 @@ SCATTER_ADD = {"Gather", "GatherElements", "GatherND", "MaxPool", "GridSample", 
 # Their gradient reverses the iterations with Slice steps (opset 10): opset-9 cases are converted like those
 # above (Scan-8, with its batch axis, converts to a model its test data no longer fits).
 LOOPS = {"Scan", "Loop"}
+# Deprecated ops refused with "convert the model" (autodiff/unsupported.py): their cases are converted, to the
+# op that replaced them (Scatter -> ScatterElements, Upsample -> Resize).
+DEPRECATED = {"Scatter", "Upsample"}
 
 # onnx.reference computes these in float32 whatever the input type: check them in float32.
 REFERENCE_IN_FLOAT32 = {"CausalConvWithState", "LinearAttention"}
@@ -156,9 +159,10 @@ def corpus() -> tuple[list[Case], dict[str, str]]:
             skipped[t.name] = "not a single default-domain node"
             continue
         op, opset = node[0].op_type, _opset(model)
-        if (op in SCATTER_ADD and opset < 16) or (op in LOOPS and 9 <= opset < 10):
+        if (op in SCATTER_ADD and opset < 16) or (op in LOOPS and 9 <= opset < 10) or op in DEPRECATED:
             model = onnx.version_converter.convert_version(model, 16)
-            opset, node = 16, model.graph.node
+            opset, node = 16, [n for n in model.graph.node if n.op_type != "Constant"]  # Upsample's roi
+            op = node[0].op_type
         values, outputs = t.data_sets[0]
         if not all(isinstance(v, np.ndarray | np.generic) for v in [*values, *outputs]):
             skipped[t.name] = "values not numpy arrays (sequences, optionals, TensorProto of exotic types)"

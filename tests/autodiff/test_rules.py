@@ -15,6 +15,7 @@ import pytest
 
 from onnxtrain.autodiff import GRADIENT_RULES, NON_DIFFERENTIABLE
 from onnxtrain.autodiff.check import check_gradients, single_node_model
+from onnxtrain.autodiff.unsupported import UNSUPPORTED
 
 rng = np.random.default_rng(1234)
 
@@ -472,8 +473,26 @@ def test_every_rule_has_a_row():
     assert not missing, f"rules without a row in the table: {missing}"
 
 
-# Ops checked by dedicated tests in this folder: test_recurrent.py and test_control_flow.py.
-EXTRA_TESTED = {"RNN", "GRU", "LSTM", "If", "Loop", "Scan"}
+# Ops checked by dedicated tests in this folder (test_recurrent.py, test_control_flow.py), and the refused ones
+# (test_refused_ops_raise_with_a_fix below).
+EXTRA_TESTED = {"RNN", "GRU", "LSTM", "If", "Loop", "Scan", *UNSUPPORTED}
+
+REFUSED = {  # op -> a model of it at an opset where it exists
+    "Scatter": lambda: single_node_model("Scatter", {"d": randn(3, 3)}, opset=10,
+                                         constant_inputs={"i": i64([[0, 2, 1]]), "u": randn(1, 3)}),
+    "Upsample": lambda: single_node_model("Upsample", {"x": randn(1, 1, 2, 2).astype(np.float32)}, opset=9,
+                                          constant_inputs={"s": f32([1, 1, 2, 2])}, mode="nearest"),
+}
+
+
+@pytest.mark.parametrize("op", sorted(UNSUPPORTED))
+def test_refused_ops_raise_with_a_fix(op):
+    from onnxtrain.autodiff.check import gradient_model
+    from onnxtrain.errors import UnsupportedOpError
+
+    model = REFUSED[op]()
+    with pytest.raises(UnsupportedOpError, match=rf"^{op} node .* - help: convert the model"):
+        gradient_model(model, [model.graph.input[0].name], {"y0": np.ones(1)})
 
 
 def _run_row(r: Row):

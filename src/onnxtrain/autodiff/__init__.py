@@ -21,6 +21,7 @@ from onnxtrain.autodiff import (  # noqa: F401  (registration)
     shape,
     spectral,
     tensor,
+    unsupported,
 )
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.engine import build_gradients

@@ -17,9 +17,6 @@ from onnxtrain.autodiff.subgraph import infer_infos, value_info
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.passes import constant_values, implicit_inputs
 
-# Ops whose gradient is refused, with the reason (none today; kept for ``coverage`` and the corpus test).
-UNSUPPORTED: dict[str, str] = {}
-
 
 def _defined(graph: onnx.GraphProto) -> set[str]:
     """Every value a graph defines, in nested subgraphs too."""

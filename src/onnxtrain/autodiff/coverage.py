@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import onnx
 from onnx import defs
 
-from onnxtrain.autodiff.control_flow import UNSUPPORTED
 from onnxtrain.autodiff.function_body import has_function_body
 from onnxtrain.autodiff.registry import GRADIENT_RULES, NON_DIFFERENTIABLE
+from onnxtrain.autodiff.unsupported import UNSUPPORTED
 
 __all__ = ["OpCoverage", "STATUSES", "PEER_OPS", "coverage_table", "markdown"]
 
