@@ -47,8 +47,8 @@ REFERENCE_IN_FLOAT32 = {"CausalConvWithState", "LinearAttention"}
 _MASKED_ROWS = ("rows whose attention is fully masked: the spec's body computes NaN there and masks it "
                 "afterwards, so reverse mode yields NaN gradients for Q and K (as torch's)")
 _ASPECT = "keep_aspect_ratio_policy other than stretch has no Resize gradient yet (it raises)"
-_SCAN8 = ("Scan-8 (a batch axis and sequence_lens) has no gradient, it raises; the version converter turns it into "
-          "a Scan-9 its test data (with the batch axis) no longer fits")
+_SCAN8 = ("Scan-8 (a batch axis and sequence_lens): onnx.reference cannot run its forward and the gradient refuses "
+          "it (opset 10 needed); the version converter turns it into a Scan-9 its test data no longer fits")
 
 # Known failures, each with its reason. Keep this list short and honest.
 XFAIL: dict[str, str] = {

@@ -319,6 +319,9 @@ row("GroupNormalization", {"x": randn(2, 6, 4), "s": randn(6), "b": randn(6)}, {
     torch=lambda x, s, b: F().group_norm(x, 3, s, b))
 row("GroupNormalization", {"x": randn(2, 6, 2, 2), "s": randn(3), "b": randn(3)}, {"num_groups": 3}, opset=18,
     tag="opset18_per_group")
+row("GroupNormalization", {"x": randn(3, 4, 2, 3), "s": randn(4), "b": randn(4)}, {"num_groups": 2, "stash_type": 11},
+    opset=21,
+    tag="4d", torch=lambda x, s, b: F().group_norm(x, 2, s, b))
 row("RMSNormalization", {"x": randn(2, 3, 4), "s": randn(4)}, opset=23,
     torch=lambda x, s: F().rms_norm(x, (4,), s, eps=1e-5))
 row("RMSNormalization", {"x": randn(2, 3, 4), "s": randn(3, 1)}, {"axis": 1}, opset=23, tag="axis1_broadcast_scale")
@@ -582,6 +585,32 @@ def test_symbolic_shapes(op, inputs, attrs):
     wrt = [n for n, v in inputs.items() if v.dtype == np.float64]
     report = check_gradients(model, inputs, wrt)
     assert report.ok, report
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+def test_group_normalization_without_shapes(opset):
+    """Shape inference may leave the rank and sizes unknown (inputs declared without a shape): one gradient
+    graph serves inputs of different ranks and sizes, on onnx.reference and on onnxruntime."""
+    from onnx import helper
+
+    from onnxtrain.autodiff.check import gradient_model, run_model
+
+    graph = helper.make_graph(
+        [helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2)], "gn",
+        [helper.make_tensor_value_info(n, 1, None) for n in "xsb"], [helper.make_tensor_value_info("y", 1, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    per = 2 if opset == 18 else 4
+    weights = None
+    for shape in [(2, 4, 3), (3, 4, 2, 5)]:
+        feeds = {"x": randn(*shape).astype(np.float32), "s": randn(per).astype(np.float32),
+                 "b": randn(per).astype(np.float32)}
+        report = check_gradients(model, feeds, list(feeds), eps=1e-2, rtol=3e-2, atol=3e-3)
+        assert report.ok, report
+        weights = {"y": randn(*shape).astype(np.float32)}
+        grads = gradient_model(model, list(feeds), weights)
+        for e, g in zip(run_model(grads, feeds), run_model(grads, feeds, backend="ort")):
+            np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
