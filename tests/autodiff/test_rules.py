@@ -61,6 +61,7 @@ class Row:
     eps: float = 1e-6
     rtol: float = 1e-4
     atol: float = 1e-6
+    backend: str = "reference"                          # runs the finite differences
 
     @property
     def id(self) -> str:
@@ -460,6 +461,13 @@ row("Col2Im", {"x": randn(1, 8, 12)}, {"strides": [2, 1], "dilations": [1, 2], "
     consts={"image": i64([5, 4]), "block": i64([2, 2])}, opset=18, tag="strided_dilated_padded",
     torch=lambda x: F().fold(x, (5, 4), (2, 2), dilation=(1, 2), padding=1, stride=(2, 1)))
 row("Col2Im", {"x": randn(1, 4, 12)}, consts={"image": i64([2, 3, 4]), "block": i64([1, 2, 2])}, opset=18, tag="3d")
+# onnx.reference rounds DeformConv's sampling coordinates to float32: finite differences on onnxruntime (float64)
+row("DeformConv", {"x": randn(1, 1, 4, 4), "w": randn(1, 1, 2, 2), "off": uniform(-1.8, 1.8, 1, 8, 3, 3)},
+    {"kernel_shape": [2, 2]}, opset=22, backend="ort")
+row("DeformConv", {"x": randn(2, 4, 5, 4), "w": randn(4, 2, 2, 2), "off": uniform(-1.8, 1.8, 2, 16, 3, 4),
+                   "b": randn(4), "mask": uniform(0.2, 1.0, 2, 8, 3, 4)},
+    {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1], "strides": [2, 1], "dilations": [1, 2], "group": 2,
+     "offset_group": 2}, opset=22, backend="ort", tag="groups_mask_bias_strided_dilated")
 row("Det", {"x": randn(3, 3)}, opset=13, torch=lambda x: _t().linalg.det(x))
 row("Det", {"x": randn(2, 4, 4)}, opset=13, torch=lambda x: _t().linalg.det(x))
 row("Det", {"x": np.array([[1.0, 2.0], [2.0, 4.0]])}, opset=13, tag="singular")  # no inverse needed; torch gives 0
@@ -502,7 +510,7 @@ def _run_row(r: Row):
     model = single_node_model(r.op, r.inputs, n_outputs=r.outputs, opset=r.opset, constant_inputs=r.consts,
                               input_order=r.order, **r.attrs)
     wrt = [k for k, v in r.inputs.items() if np.issubdtype(v.dtype, np.floating)]
-    report = check_gradients(model, r.inputs, wrt, eps=r.eps, rtol=r.rtol, atol=r.atol)
+    report = check_gradients(model, r.inputs, wrt, eps=r.eps, rtol=r.rtol, atol=r.atol, backend=r.backend)
     return report
 
 
