@@ -50,6 +50,7 @@ class Step:
         infos: per body input, its type and shape (without the scan axis).
         scalars: body inputs that are scalars (Loop's iteration number and condition), reshaped to rank 0
             in the backward body (onnx.reference's Loop stacks them as 1-element vectors).
+        may_be_empty: the loop may run zero times (Loop); the backward Scan then must not run.
     """
 
     feeds: list[tuple[str, int, int]]
@@ -58,6 +59,7 @@ class Step:
     stacked: list[tuple[int, int, int]]
     infos: list[TensorInfo | None]
     scalars: tuple[int, ...] = ()
+    may_be_empty: bool = False
 
 
 def _body(node: onnx.NodeProto) -> onnx.GraphProto:
@@ -140,15 +142,33 @@ def _reverse_scan(ctx: GradContext, body: onnx.GraphProto, step: Step) -> tuple[
 
     # The backward Scan runs forward over stacks put in backward order (onnx.reference's Scan knows no other).
     scanned_in = [*((v, v, a, d) for v, a, d in step.feeds), *((g, y, a, d) for _, y, g, a, d in step.scanned)]
-    result = ctx.op.Scan(
-        *(g for _, _, g in step.carried), *(ctx.b.zeros_like(c, ctx.elem_type(c)) for c in captured),
-        *(_backward_order(ctx, v, like, a, d) for v, like, a, d in scanned_in),
-        body=graph, num_scan_inputs=len(scanned_in), _outputs=len(outputs))
-    result = result if isinstance(result, list) else [result]
+    initial = [*(g for _, _, g in step.carried), *(ctx.b.zeros_like(c, ctx.elem_type(c)) for c in captured)]
+    stacks = [_backward_order(ctx, v, like, a, d) for v, like, a, d in scanned_in]
+    if not step.may_be_empty:
+        result = ctx.op.Scan(*initial, *stacks, body=graph, num_scan_inputs=len(scanned_in), _outputs=len(outputs))
+        result = result if isinstance(result, list) else [result]
+    else:   # onnxruntime's Scan rejects empty stacks: zero iterations pass the initial states through
+        result = _scan_unless_empty(ctx, initial, stacks, graph, [*carried_info, *(ctx.infos.get(c) for c in captured)])
     k, m = len(step.carried), len(captured)
     stacked = [_forward_order(ctx, g, ins_outer, a, d) for g, (_, a, d), ins_outer
                in zip(result[k + m:], step.stacked, [step.feeds[i][0] for i, _, _ in step.stacked])]
     return result[:k], stacked, dict(zip(captured, result[k:k + m]))
+
+
+def _scan_unless_empty(ctx: GradContext, initial: list[str], stacks: list[str], body: onnx.GraphProto,
+                       infos: list[TensorInfo | None]) -> list[str]:
+    """Scan(initial, stacks) if the stacks have an iteration, else the initial states (no stacked outputs)."""
+    count = ctx.op.Reshape(ctx.op.Slice(ctx.op.Shape(stacks[0]), ctx.b.ints([0]), ctx.b.ints([1])), ctx.b.ints([]))
+    ran = ctx.op.Greater(count, ctx.b.const(np.asarray(0, np.int64)))
+    scanned = [ctx.b.unique("d_scanned") for _ in initial]
+    passed = [ctx.b.unique("d_passed") for _ in initial]
+    scan = helper.make_node("Scan", [*initial, *stacks], scanned, name=ctx.b.unique("Scan"), body=body,
+                            num_scan_inputs=len(stacks))
+    keep = [helper.make_node("Identity", [i], [p], name=ctx.b.unique("Identity")) for i, p in zip(initial, passed)]
+    then = helper.make_graph([scan], "ran", [], [value_info(o, info) for o, info in zip(scanned, infos)])
+    other = helper.make_graph(keep, "empty", [], [value_info(o, info) for o, info in zip(passed, infos)])
+    result = ctx.op.If(ran, then_branch=then, else_branch=other, _outputs=len(initial))
+    return result if isinstance(result, list) else [result]
 
 
 def _reversed(ctx: GradContext, v: str) -> str:
@@ -251,7 +271,8 @@ def loop(ctx: GradContext):
         scanned=[(1 + n + j, ctx.y[n + j], ctx.dy[n + j], 0, 0) for j in range(k) if ctx.dy[n + j] is not None],
         stacked=[],
         infos=infos,
-        scalars=(0, 1))
+        scalars=(0, 1),
+        may_be_empty=True)
     d_carried, _, d_captured = _reverse_scan(ctx, body, step)
     grads: list[str | None] = [None] * (n + 2)
     for i, g in zip(float_carried, d_carried):
