@@ -621,6 +621,27 @@ def test_group_normalization_without_shapes(opset):
             np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
 
 
+def test_mean_variance_normalization_without_shapes():
+    """MeanVarianceNormalization (differentiated through its function body) with the input's rank and sizes
+    unknown, at two ranks with one gradient graph (float32: the body's constants are float32)."""
+    from onnx import helper
+
+    from onnxtrain.autodiff.check import gradient_model, run_model
+
+    graph = helper.make_graph([helper.make_node("MeanVarianceNormalization", ["x"], ["y"], axes=[0, 1])], "mvn",
+                              [helper.make_tensor_value_info("x", 1, None)],
+                              [helper.make_tensor_value_info("y", 1, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    for shape in [(3, 4), (2, 3, 4, 2)]:
+        feeds = {"x": randn(*shape).astype(np.float32)}
+        report = check_gradients(model, feeds, ["x"], eps=1e-2, rtol=3e-2, atol=3e-3)
+        assert report.ok, report
+        grads = gradient_model(model, ["x"], {"y": randn(*shape).astype(np.float32)})
+        np.testing.assert_allclose(run_model(grads, feeds, backend="ort")[1], run_model(grads, feeds)[1],
+                                   rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
 def test_resize_to_a_run_time_size(mode):
     """U-Net decoders resize to the skip connection's shape: sizes = Shape(skip), unknown when building."""
