@@ -158,6 +158,37 @@ def test_loop_gradients_run_on_onnxruntime(op):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_scan_with_an_integer_state_and_a_nested_if():
+    """An int64 step counter among the states (no gradient, but saved and fed back to the recomputed step) and
+    an If inside the body that picks sin or cos by the counter's parity."""
+    parity = [helper.make_node("Mod", ["k_in", "two"], ["odd_i"]),
+              helper.make_node("Cast", ["odd_i"], ["odd"], to=T.BOOL)]
+    branch = helper.make_node("If", ["odd"], ["f"],
+                              then_branch=helper.make_graph([helper.make_node("Sin", ["x_t"], ["f_then"])], "then", [],
+                                                            [_vi("f_then", shape=None)]),
+                              else_branch=helper.make_graph([helper.make_node("Cos", ["x_t"], ["f_else"])], "else", [],
+                                                            [_vi("f_else", shape=None)]))
+    body = helper.make_graph(
+        [*parity, branch, helper.make_node("Mul", ["s_in", "w"], ["sw"]),
+         helper.make_node("Add", ["sw", "f"], ["s_out"]),
+         helper.make_node("Add", ["k_in", "one"], ["k_out"]), helper.make_node("Identity", ["s_out"], ["y_t"])],
+        "body", [_vi("k_in", T.INT64, ()), _vi("s_in", shape=(3,)), _vi("x_t", shape=(3,))],
+        [_vi("k_out", T.INT64, ()), _vi("s_out", shape=(3,)), _vi("y_t", shape=(3,))])
+    node = helper.make_node("Scan", ["k0", "s0", "x"], ["k", "s", "y"], body=body, num_scan_inputs=1)
+    consts = [onnx.numpy_helper.from_array(np.array(v, dtype=np.int64), n)
+              for n, v in (("k0", 0), ("two", 2), ("one", 1))]
+    graph = helper.make_graph([node], "scan_int", [_vi("s0"), _vi("x", shape=(4, 3)), _vi("w")],
+                              [_vi("s"), _vi("y", shape=(4, 3))], initializer=consts)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    feeds = {"s0": rng.standard_normal(3), "x": rng.standard_normal((4, 3)), "w": rng.standard_normal(3)}
+    report = check_gradients(model, feeds, ["s0", "x", "w"])
+    assert report.ok, report
+    grads = gradient_model(model, ["s0", "x", "w"], {"s": np.ones(3), "y": np.ones((4, 3))})
+    for a, b in zip(run_model(grads, feeds, backend="ort"), run_model(grads, feeds)):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
 def test_scan8_is_refused_with_a_fix():
     body = helper.make_graph([helper.make_node("Add", ["s_in", "x_t"], ["s_out"])], "body",
                              [_vi("s_in", shape=(1, 2)), _vi("x_t", shape=(1, 2))], [_vi("s_out", shape=(1, 2))])
