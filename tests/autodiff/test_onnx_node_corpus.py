@@ -49,7 +49,6 @@ DIFFERENCES_ON_ONNXRUNTIME = {"DeformConv"}
 
 _MASKED_ROWS = ("rows whose attention is fully masked: the spec's body computes NaN there and masks it "
                 "afterwards, so reverse mode yields NaN gradients for Q and K (as torch's)")
-_ASPECT = "keep_aspect_ratio_policy other than stretch has no Resize gradient yet (it raises)"
 _SCAN8 = ("Scan-8 (a batch axis and sequence_lens): onnx.reference cannot run its forward and the gradient refuses "
           "it (opset 10 needed); the version converter turns it into a Scan-9 its test data no longer fits")
 
@@ -65,10 +64,6 @@ XFAIL: dict[str, str] = {
     "test_maxunpool_export_with_output_shape": (
         "with output_shape, onnxruntime reads the indices as flat positions in the output and the spec's test in "
         "the un-padded shape; the rule follows onnxruntime, which runs the training graphs"),
-    "test_resize_upsample_sizes_nearest_not_larger": _ASPECT,
-    "test_resize_upsample_sizes_nearest_not_smaller": _ASPECT,
-    "test_resize_downsample_sizes_nearest_not_larger": _ASPECT,
-    "test_resize_downsample_sizes_nearest_not_smaller": _ASPECT,
     "test_scan_sum": _SCAN8,
 }
 
@@ -227,7 +222,7 @@ def test_node_case_gradient(case: Case):
 _FORWARD_DIFFERS = ("onnxruntime and onnx.reference compute different forwards (align_corners downsampling); the "
                     "gradient follows the runtime's own forward, so the two gradients differ too")
 ORT_XFAIL: dict[str, str] = {
-    **{k: v for k, v in XFAIL.items() if v in (_ASPECT, _SCAN8)},       # no gradient graph at all
+    **{k: v for k, v in XFAIL.items() if v == _SCAN8},       # no gradient graph at all
     "test_resize_downsample_scales_linear_align_corners": _FORWARD_DIFFERS,
     "test_resize_downsample_scales_cubic_align_corners": _FORWARD_DIFFERS,
 }

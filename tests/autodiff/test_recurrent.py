@@ -167,10 +167,26 @@ def test_matches_torch(op):
     np.testing.assert_allclose(grads[1], expected_w.numpy(), rtol=1e-7, atol=1e-9)
 
 
-def test_dynamic_sequence_length_is_refused():
-    from onnxtrain.autodiff.check import gradient_model as make
-
-    model, feeds = build("GRU", {})
-    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "seq"
-    with pytest.raises(ValueError, match="static sequence length"):
-        make(model, ["w"], {"y0": np.ones((3, 1, 2, 4))})
+@pytest.mark.parametrize("op,opts,reference", CONFIGS, ids=_ids())
+def test_dynamic_sequence_length(op, opts, reference):
+    """A sequence length known only at run time: each direction runs as a Scan over one step; its gradient
+    equals the unrolled one of the same model with a static length (both float32, on onnxruntime)."""
+    if opts.get("layout"):
+        pytest.skip("onnxruntime's recurrent kernels support layout=0 only")
+    model, feeds = build(op, opts)
+    rng = np.random.default_rng(5)
+    outputs = run_model(_float32(model), {k: v.astype(np.float32) for k, v in feeds.items()}, backend="ort")
+    weights = {f"y{k}": rng.standard_normal(o.shape) for k, o in enumerate(outputs)}
+    weights32 = {k: w.astype(np.float32) for k, w in weights.items()}
+    feeds32 = {k: v.astype(np.float32) for k, v in feeds.items()}
+    expected = run_model(gradient_model(_float32(model), list(feeds), weights32), feeds32, backend="ort")[1:]
+    dynamic = _float32(model)
+    for axis, name in enumerate(("seq", "batch")):
+        dynamic.graph.input[0].type.tensor_type.shape.dim[axis].dim_param = name
+    for out in dynamic.graph.output:
+        out.type.tensor_type.ClearField("shape")
+    gmodel = gradient_model(dynamic, list(feeds), weights32)
+    assert any(n.op_type == "Scan" for n in gmodel.graph.node)
+    got = run_model(gmodel, feeds32, backend="ort")[1:]
+    for name, e, g in zip(feeds, expected, got):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5 * (1 + np.abs(e).max()), err_msg=f"d{name}")

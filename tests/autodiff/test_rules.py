@@ -370,6 +370,13 @@ row("Resize", {"x": randn(1, 2, 3, 4)}, {"mode": "linear"}, consts={"roi": NO_RO
 row("Resize", {"x": randn(1, 2, 4, 5)}, {"mode": "linear", "coordinate_transformation_mode": "align_corners"},
     consts={"roi": NO_ROI, "_omit": NO_ROI, "sizes": i64([1, 2, 7, 3])}, tag="linear_align_corners_sizes", opset=19,
     torch=lambda x: F().interpolate(x, size=(7, 3), mode="bilinear", align_corners=True))
+row("Resize", {"x": randn(1, 2, 4, 5)}, {"mode": "linear", "keep_aspect_ratio_policy": "not_larger", "axes": [2, 3]},
+    consts={"roi": NO_ROI, "_omit": NO_ROI, "sizes": i64([7, 11])}, tag="linear_not_larger", opset=19)
+row("Resize", {"x": randn(1, 2, 6, 5)}, {"mode": "nearest", "keep_aspect_ratio_policy": "not_smaller", "axes": [2, 3]},
+    consts={"roi": NO_ROI, "_omit": NO_ROI, "sizes": i64([2, 4])}, tag="nearest_not_smaller_down", opset=19)
+row("Resize", {"x": randn(1, 1, 9, 8)}, {"mode": "linear", "keep_aspect_ratio_policy": "not_larger",
+                                        "coordinate_transformation_mode": "asymmetric", "axes": [2, 3]},
+    consts={"roi": NO_ROI, "_omit": NO_ROI, "sizes": i64([3, 5])}, tag="linear_not_larger_third", opset=19)
 row("Resize", {"x": randn(1, 1, 4, 4)}, {"mode": "cubic", "antialias": 1},
     consts={"roi": NO_ROI, "s": f32([1, 1, 0.6, 0.8])}, tag="cubic_antialias_down", opset=19)
 row("Resize", {"x": randn(2, 5, 3)}, {"mode": "linear", "axes": [1]},

@@ -39,10 +39,11 @@ TopK Transpose Trilu Unsqueeze Where""".split())
 
 # Limits of rules, and why the unsupported ops are.
 NOTES = {
-    "RNN": "unrolled: needs a static sequence length", "GRU": "unrolled: needs a static sequence length",
-    "LSTM": "unrolled: needs a static sequence length", "If": "both branches",
+    "RNN": "unrolled (static length) or a Scan (dynamic)",
+    "GRU": "unrolled (static length) or a Scan (dynamic)",
+    "LSTM": "unrolled (static length) or a Scan (dynamic)", "If": "both branches",
     "GridSample": "2-D and 3-D; linear (any padding), nearest (zeros/border), cubic (zeros)",
-    "Resize": "static shapes; keep_aspect_ratio_policy=stretch", "ReduceProd": "inputs without zeros",
+    "Resize": "keep_aspect_ratio_policy with align_corners or half_pixel_symmetric refused", "ReduceProd": "inputs without zeros",
     "CumProd": "inputs without zeros", "LpNormalization": "p = 1 or 2",
     "ScatterElements": "reduction mul: updates without zeros", "ScatterND": "reduction mul: updates without zeros",
     "Attention": "recomputes the attention in the backward graph",

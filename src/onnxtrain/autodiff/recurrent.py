@@ -5,7 +5,8 @@ spec, step by step, for every direction, with sequence_lens, clip, custom activa
 input_forget, linear_before_reset and layout. The gradient graph recomputes the unrolled forward (which
 also yields the cell states the fused op does not output) and back-propagates through time.
 
-The sequence length must be static (the graph grows with it); export with a fixed sequence length.
+With a static sequence length the recurrence is unrolled; with one known only at run time, each direction
+becomes a Scan over one step of the same equations, which the Scan rule differentiates (loops.py).
 """
 
 from __future__ import annotations
@@ -96,9 +97,6 @@ def expand_recurrent(node: onnx.NodeProto, infos: Mapping[str, TensorInfo], b: G
     k = lambda v: b.const(np.asarray(v, dtype=dtype))  # noqa: E731
     shape = infos[x].shape
     seq = shape[1] if layout else shape[0]
-    if not isinstance(seq, int):
-        raise ValueError(f"{op_type} node {node.name!r}: the gradient unrolls the recurrence and needs a static "
-                         f"sequence length, got shape {shape} for {x!r}; export with a fixed sequence length")
     if layout:
         x = op.Transpose(x, perm=[1, 0, 2])                              # (seq, batch, input)
         h0 = op.Transpose(h0, perm=[1, 0, 2]) if h0 else ""
@@ -128,6 +126,15 @@ def expand_recurrent(node: onnx.NodeProto, infos: Mapping[str, TensorInfo], b: G
         h = pick(h0, d) if h0 else zeros
         c = pick(c0, d) if (op_type == "LSTM" and c0) else zeros
         p = _chunks(b, pick(peep, d), 3, hidden, 0) if (op_type == "LSTM" and peep) else None
+        if not isinstance(seq, int):
+            y, h, c = _scan_direction(b, node, d, way, attrs, xw, h, c, rd, rt, rb, p, lens64, activations[d],
+                                      hidden, dtype)
+            if way == "reverse" and lens:
+                y = op.ReverseSequence(y, lens64, batch_axis=1, time_axis=0)
+            ys.append(b.unsqueeze(y, [1]))
+            hs.append(b.unsqueeze(h, [0]))
+            cs.append(b.unsqueeze(c, [0]))
+            continue
         steps = range(seq) if (way == "forward" or lens) else range(seq - 1, -1, -1)
         outs = []
         for step, t in enumerate(steps):
@@ -162,6 +169,51 @@ def expand_recurrent(node: onnx.NodeProto, infos: Mapping[str, TensorInfo], b: G
         y = op.Transpose(y, perm=[2, 0, 1, 3])
         y_h, y_c = op.Transpose(y_h, perm=[1, 0, 2]), op.Transpose(y_c, perm=[1, 0, 2])
     return [y, y_h, y_c] if op_type == "LSTM" else [y, y_h]
+
+
+def _scan_direction(b: GraphBuilder, node: onnx.NodeProto, d: int, way: str, attrs: Mapping, xw: str, h0: str,
+                    c0: str, rd: str, rt: str, rb: str | None, p, lens64: str | None, activations: list,
+                    hidden: int, dtype) -> tuple[str, str, str]:
+    """One direction of the recurrence as a Scan over its steps (a sequence length known only at run time):
+    returns Y (seq, batch, H) in time order, the last H and the last C. The step reads the weights from the
+    enclosing graph."""
+    op_type = node.op_type
+    sb = GraphBuilder(b.opset, prefix=f"{node.name or op_type}/step{d}/")
+    k = lambda v: sb.const(np.asarray(v, dtype=dtype))  # noqa: E731
+    clip = attrs.get("clip")
+    clipped = (lambda v: sb.op.Clip(v, k(-clip), k(clip))) if clip is not None else (lambda v: v)  # noqa: E731
+    acts = [lambda v, a=a: _activation(sb, a[0], a[1], a[2], v, dtype) for a in activations]
+    h, c, xt, step = (sb.unique(n) for n in ("h", "c", "x", "t"))
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    if op_type == "RNN":
+        pre = sb.op.Add(xt, sb.op.MatMul(h, rt))
+        h_new, c_new = acts[0](clipped(sb.op.Add(pre, rb) if rb else pre)), c
+    elif op_type == "GRU":
+        h_new, c_new = _gru_step(sb, attrs, xt, h, rd, rb, hidden, acts, clipped, k), c
+    else:
+        h_new, c_new = _lstm_step(sb, attrs, xt, h, c, rt, rb, p, acts, clipped, k, hidden)
+    y_t = h_new
+    if lens64 is not None:          # steps past a sequence's end keep its state and output 0
+        alive = sb.unsqueeze(sb.op.Less(step, lens64), [1])
+        y_t = sb.op.Where(alive, h_new, k(0.0))
+        h_new, c_new = sb.op.Where(alive, h_new, h), sb.op.Where(alive, c_new, c)
+    outs = [sb.op.Identity(v) for v in (h_new, c_new, y_t)]  # distinct output names, even for a state kept as is
+    state = [helper.make_tensor_value_info(n, elem, [None, hidden]) for n in (h, c)]
+    scanned = [helper.make_tensor_value_info(xt, elem, None)]
+    if lens64 is not None:
+        scanned.append(helper.make_tensor_value_info(step, onnx.TensorProto.INT64, []))
+    body = helper.make_graph(sb.nodes, f"{op_type}_step", [*state, *scanned],
+                             [helper.make_tensor_value_info(o, elem, None) for o in outs],
+                             initializer=sb.initializers)
+    xs = [xw]
+    if lens64 is not None:
+        seq = b.op.Reshape(shape_of(b, xw, 0, 1), b.ints([]))
+        xs.append(b.op.Range(b.const(np.int64(0)), seq, b.const(np.int64(1))))
+    backwards = way == "reverse" and lens64 is None
+    h_last, c_last, y = b.op.Scan(h0, c0, *xs, body=body, num_scan_inputs=len(xs), _outputs=3,
+                                  scan_input_directions=[int(backwards)] * len(xs),
+                                  scan_output_directions=[int(backwards)])
+    return y, h_last, c_last
 
 
 def _gru_step(b, attrs, xt, h, rd, rb, hidden, acts, clipped, k):

@@ -40,8 +40,7 @@ def resize(ctx: GradContext):
     if len(in_shape) < 2:
         raise ValueError(f"Resize node {name!r}: the gradient needs an input of rank 2 or more")
     if ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
-        raise ValueError(f"Resize node {name!r}: no gradient for keep_aspect_ratio_policy="
-                         f"{ctx.attr('keep_aspect_ratio_policy')!r}; export with 'stretch'")
+        return (_resize_keeping_aspect(ctx), *[None] * (len(ctx.x) - 1))
     rank = len(in_shape)
     axes = [a % rank for a in (ctx.attr("axes") or range(rank))]
     crop = ctx.attr("coordinate_transformation_mode", "half_pixel") == "tf_crop_and_resize"
@@ -102,15 +101,57 @@ def resize(ctx: GradContext):
         basis = op.Resize(*inputs, **attrs)
         # basis[j, i] = M_a[i, j]: row j is the resized j-th basis vector. Its length is read at run time,
         # as runtimes disagree on some output sizes (tf_crop_and_resize).
-        rows = in_shape[a] if isinstance(in_shape[a], int) else 0     # 0: E's own size along the stacking axis
-        basis = op.Reshape(basis, ctx.b.ints([rows, -1] if stack < a else [-1, rows]))
-        if stack < a:
-            basis = op.Transpose(basis, perm=[1, 0])                         # (m, n) = M_a
-        last = [*(i for i in range(rank) if i != a), a]                      # contract axis a, moved last
-        g = op.MatMul(op.Transpose(g, perm=last) if a != rank - 1 else g, basis)
-        if a != rank - 1:
-            g = op.Transpose(g, perm=[int(i) for i in np.argsort(last)])
+        g = _apply_transposed(ctx, g, basis, a, stack, rank, in_shape[a])
     return (g, *[None] * (len(ctx.x) - 1))
+
+
+def _apply_transposed(ctx: GradContext, g: str, basis: str, a: int, stack: int, rank: int, n) -> str:
+    """Multiply axis ``a`` of ``g`` by M_a^T, given the resized basis (E's resize, n vectors along ``stack``)."""
+    op = ctx.op
+    rows = n if isinstance(n, int) else 0                                # 0: E's own size along the stacking axis
+    basis = op.Reshape(basis, ctx.b.ints([rows, -1] if stack < a else [-1, rows]))
+    if stack < a:
+        basis = op.Transpose(basis, perm=[1, 0])                         # (m, n) = M_a
+    last = [*(i for i in range(rank) if i != a), a]                      # contract axis a, moved last
+    g = op.MatMul(op.Transpose(g, perm=last) if a != rank - 1 else g, basis)
+    return op.Transpose(g, perm=[int(i) for i in np.argsort(last)]) if a != rank - 1 else g
+
+
+def _resize_keeping_aspect(ctx: GradContext) -> str:
+    """Resize with keep_aspect_ratio_policy not_larger / not_smaller: every resized axis is scaled by one
+    factor s = min (or max) of sizes / input sizes, and its length is round(n s). Per axis, E's resize by s
+    gives the coordinate map; E gets ceil(1/s) more (edge-padded) elements so that the resize is at least as
+    long as dY (the padding repeats the border, as the op's clamping does), and is cut to dY's length."""
+    x, dy, op, b = ctx.x[0], ctx.dy[0], ctx.op, ctx.b
+    name = ctx.node.name or "Resize"
+    ct = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    sizes = _input(ctx, 3)
+    if ct in ("align_corners", "half_pixel_symmetric", "tf_crop_and_resize") or sizes is None:
+        raise ValueError(f"Resize node {name!r}: no gradient for keep_aspect_ratio_policy="
+                         f"{ctx.attr('keep_aspect_ratio_policy')!r} with coordinate_transformation_mode={ct!r} "
+                         f"(its coordinates depend on the rounded lengths); export with 'stretch'")
+    in_shape = ctx.shape(x)
+    rank = len(in_shape)
+    axes = [a % rank for a in (ctx.attr("axes") or range(rank))]
+    f32 = onnx.TensorProto.FLOAT
+    ratios = op.Div(op.Cast(sizes, to=f32), op.Cast(op.Gather(op.Shape(x), b.ints(axes)), to=f32))
+    reduce = "ReduceMin" if ctx.attr("keep_aspect_ratio_policy") == "not_larger" else "ReduceMax"
+    scale = b.reduce(reduce, ratios, None, keepdims=True)                       # [1]
+    extra = op.Max(op.Cast(op.Ceil(op.Div(b.const(np.ones(1, np.float32)), scale)), to=onnx.TensorProto.INT64),
+                   b.ints([1]))
+    attrs = {k: ctx.attr(k) for k in ("mode", "coordinate_transformation_mode", "cubic_coeff_a",
+                                       "exclude_outside", "nearest_mode", "antialias")}
+    g = dy
+    for a in axes:
+        stack = 0 if a else 1
+        eye, _ = _basis_input(ctx, x, a, stack, rank)
+        pads = op.Concat(b.ints([0] * (rank + a)), extra, b.ints([0] * (rank - a - 1)), axis=0)
+        eye = op.Pad(eye, pads, mode="edge")
+        scales = op.Concat(*[scale if i == a else b.const(np.ones(1, np.float32)) for i in range(rank)], axis=0)
+        basis = op.Resize(eye, "", scales, **attrs)
+        basis = op.Slice(basis, b.ints([0]), shape_of(b, dy, a, a + 1), b.ints([a]))
+        g = _apply_transposed(ctx, g, basis, a, stack, rank, in_shape[a])
+    return g
 
 
 def _basis_input(ctx: GradContext, x: str, a: int, stack: int, rank: int) -> tuple[str, list[int] | str]:
