@@ -1,0 +1,45 @@
+"""Generation time, training-step time and peak RSS of one export, measured without torch in the process.
+
+    python -m tests.zoo.measure MODEL.onnx BATCH.npz OUT_DIR   # prints one JSON line
+
+BATCH.npz holds ``inputs`` and ``labels``. The report runs this in a fresh process per export, so the peak
+RSS is onnxtrain's (generation and 20 AdamW steps), not the torch reference's.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+
+import numpy as np
+
+
+def measure(model_path: str, batch_path: str, out_dir: str, steps: int = 20) -> dict:
+    from onnxtrain import blocks
+    from onnxtrain.api import CheckpointState, Module, Optimizer
+    from onnxtrain.artifacts import LossType, generate_artifacts
+
+    start = time.perf_counter()
+    generate_artifacts(model_path, loss=LossType.CrossEntropyLoss, optimizer=blocks.AdamW(mode="torch"),
+                       artifact_directory=out_dir)
+    generate_seconds = time.perf_counter() - start
+    batch = np.load(batch_path)
+    state = CheckpointState.load_checkpoint(f"{out_dir}/checkpoint")
+    module = Module(f"{out_dir}/training_model.onnx", state)
+    optimizer = Optimizer(f"{out_dir}/optimizer_model.onnx", module)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        module(batch["inputs"], batch["labels"])
+        optimizer.step()
+        module.lazy_reset_grad()
+        times.append(time.perf_counter() - start)
+    return {"generate_s": generate_seconds, "step_ms": 1e3 * float(np.median(times[2:])),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "torch_loaded": "torch" in sys.modules}
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(*sys.argv[1:4])))
