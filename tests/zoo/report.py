@@ -53,12 +53,12 @@ def _measure(run, folder: Path) -> dict:
 
 def run_model(name: str, folder: Path) -> dict:
     """Every exporter's row for one model."""
-    from tests.zoo.harness import EXPORTERS, Run, check_exports, check_gradients, check_standard, check_training
-    from tests.zoo.harness import initial_model
+    from tests.zoo.harness import EXPORTERS, Run, check_artifacts, check_exports, check_gradients, check_training
+    from tests.zoo.harness import initial_model as build
     from tests.zoo.models import ZOO
 
     spec = ZOO[name]
-    model = initial_model(spec)
+    model = build(spec)
     rows = {}
     for exporter in EXPORTERS:
         start = time.perf_counter()
@@ -72,8 +72,7 @@ def run_model(name: str, folder: Path) -> dict:
             row["export_error"] = run.export_error
             rows[exporter] = row
             continue
-        row["generates"] = run.generate_error or _attempt(
-            lambda: [check_standard(p) for p in sorted(run.artifacts.glob("*.onnx"))])
+        row["generates"] = run.generate_error or _attempt(check_artifacts, run)
         for case in ("base", "batch"):
             row[case] = _attempt(check_gradients, run, case)
         if spec.sizes[1] is None:

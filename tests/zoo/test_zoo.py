@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.zoo.expected_failures import EXPECTED_FAILURES
-from tests.zoo.harness import EXPORTERS, check_exports, check_gradients, check_standard, check_training
+from tests.zoo.harness import EXPORTERS, check_artifacts, check_exports, check_gradients, check_training
 from tests.zoo.models import ZOO
 
 
@@ -32,10 +32,7 @@ def _params(checks):
 
 @pytest.mark.parametrize("name,exporter,check", _params(["generates"]))
 def test_generates_standard_onnx(zoo_run, name, exporter, check):
-    run = zoo_run(name, exporter)
-    run.require_artifacts()
-    for path in sorted(run.artifacts.glob("*.onnx")):
-        check_standard(path)
+    check_artifacts(zoo_run(name, exporter))
 
 
 @pytest.mark.parametrize("name,exporter,check", _params(["base", "batch", "size"]))
