@@ -110,10 +110,19 @@ def _fold(nodes: list[onnx.NodeProto], opset: int, constants: dict[str, np.ndarr
     constants = {**constants, **folded}
     refined = dict(infos)
     for name, info in infer_infos(nodes, infos, opset, constants).items():
-        old = infos.get(name)
-        if old is None or old.shape is None or (old.static_shape is None and info.static_shape is not None):
+        if _knows_more(info, infos.get(name)):
             refined[name] = info
     return constants, refined
+
+
+def _knows_more(new: TensorInfo, old: TensorInfo | None) -> bool:
+    """Whether ``new`` fixes more dimensions than ``old`` (a Pad whose folded pads give the spatial sizes while the
+    batch stays symbolic)."""
+    if old is None or old.shape is None:
+        return new.shape is not None
+    if new.shape is None or len(new.shape) != len(old.shape):
+        return False
+    return sum(isinstance(d, int) for d in new.shape) > sum(isinstance(d, int) for d in old.shape)
 
 
 def vjp(nodes: list[onnx.NodeProto], seeds: Mapping[str, str], params: Sequence[str], builder: GraphBuilder,

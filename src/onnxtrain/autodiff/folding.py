@@ -45,10 +45,12 @@ _FOLDABLE = {"Add", "Sub", "Mul", "Div", "Neg", "Mod", "Abs", "Ceil", "Floor", "
 
 def fold_constants(nodes: Sequence[onnx.NodeProto], known: Mapping[str, TensorInfo], opset: int,
                    constants: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Values of ``nodes`` computable now: Shape/Size of statically shaped values and shape arithmetic on
-    constants. Function bodies compute split sizes and the like that way, and shape inference needs them."""
+    """Values of ``nodes`` computable now: Shape/Size of statically shaped values, shape arithmetic on
+    constants, and the static entries of a partly symbolic shape (``Gather(Shape(x), 2)`` is 56 when x is
+    (batch, 32, 56, 56)). Function bodies compute split sizes that way, and shape inference needs them."""
 
     values = dict(constants)
+    partial: dict[str, list[int | None]] = {}     # 1-D int64 shape vectors with some entries unknown
     folded: dict[str, np.ndarray] = {}
     for n in nodes:
         if n.op_type in ("Shape", "Size") and n.input[0] in known and known[n.input[0]].static_shape is not None:
@@ -56,6 +58,11 @@ def fold_constants(nodes: Sequence[onnx.NodeProto], known: Mapping[str, TensorIn
             attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
             value = (shape[attrs.get("start", 0):attrs.get("end")] if n.op_type == "Shape"
                      else np.asarray(np.prod(shape), dtype=np.int64))
+        elif n.op_type in _PARTIAL and (any(x in partial for x in n.input)
+                                        or (n.op_type == "Shape" and n.input[0] in known)):
+            value = _fold_partial(n, known, values, partial)
+            if value is None:
+                continue
         elif n.op_type in _FOLDABLE and all(x in values for x in n.input if x) and all(n.output):
             if sum(np.asarray(values[x]).size for x in n.input if x) > 4096 or n.output[0] in values:
                 continue
@@ -79,6 +86,50 @@ def fold_constants(nodes: Sequence[onnx.NodeProto], known: Mapping[str, TensorIn
     return folded
 
 
+# Ops that carry a partly known shape vector along (Concat and Cast of one, Gather and Slice out of one).
+_PARTIAL = {"Shape", "Gather", "Slice", "Concat", "Cast", "Identity"}
+
+
+def _fold_partial(n: onnx.NodeProto, known: Mapping[str, TensorInfo], values: Mapping[str, np.ndarray],
+                  partial: dict[str, list[int | None]]) -> np.ndarray | None:
+    """The value of ``n`` if it picks only known entries of a partly known shape vector; otherwise None, after
+    recording in ``partial`` what is known of its output."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    entries: list[int | None] | None = None
+    if n.op_type == "Shape":
+        shape = known[n.input[0]].shape
+        if shape is None:
+            return None
+        entries = [d if isinstance(d, int) else None for d in shape][attrs.get("start", 0):attrs.get("end")]
+    elif n.op_type in ("Cast", "Identity"):
+        if attrs.get("to", onnx.TensorProto.INT64) not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            return None
+        entries = partial[n.input[0]]
+    elif n.op_type == "Gather" and attrs.get("axis", 0) == 0 and n.input[1] in values:
+        index = np.asarray(values[n.input[1]])
+        source = partial[n.input[0]]
+        picked = [source[int(i)] for i in index.reshape(-1)]
+        if all(d is not None for d in picked):
+            return np.asarray(picked, dtype=np.int64).reshape(index.shape)
+        entries = picked if index.ndim == 1 else None
+    elif n.op_type == "Slice" and all(x in values for x in n.input[1:] if x):
+        starts, ends = (np.asarray(values[x]).reshape(-1) for x in n.input[1:3])
+        steps = np.asarray(values[n.input[4]]).reshape(-1) if len(n.input) > 4 and n.input[4] else [1]
+        axes = np.asarray(values[n.input[3]]).reshape(-1) if len(n.input) > 3 and n.input[3] else [0]
+        if len(starts) != 1 or int(axes[0]) not in (0, -1):
+            return None
+        end = int(ends[0]) if int(ends[0]) < 2**62 else None
+        entries = partial[n.input[0]][int(starts[0]):end:int(steps[0])]
+    elif n.op_type == "Concat" and all(x in partial or x in values for x in n.input):
+        entries = []
+        for x in n.input:
+            entries += partial[x] if x in partial else [int(v) for v in np.asarray(values[x]).reshape(-1)]
+    if entries is None:
+        return None
+    if all(d is not None for d in entries):
+        return np.asarray(entries, dtype=np.int64)
+    partial[n.output[0]] = entries
+    return None
 
 
 def infer_infos(nodes: Sequence[onnx.NodeProto], known: Mapping[str, TensorInfo], opset: int,

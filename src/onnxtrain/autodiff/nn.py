@@ -9,7 +9,10 @@ from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.reduce import expand_back
 from onnxtrain.autodiff.registry import register
 from onnxtrain.autodiff.shape import scatter_add, shape_of
+from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.types import np_dtype
+
+Size = list  # spatial sizes: ints, or None for a dimension only known at run time
 
 
 def _spatial_attrs(ctx: GradContext, kernel: list[int]):
@@ -20,12 +23,15 @@ def _spatial_attrs(ctx: GradContext, kernel: list[int]):
     pads = list(ctx.attr("pads") or [0] * (2 * n))
     auto_pad = ctx.attr("auto_pad", "NOTSET")
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        spatial = ctx.shape(ctx.x[0])[2:]
-        if not all(isinstance(d, int) for d in spatial):
-            raise ValueError(f"node {ctx.node.name!r}: auto_pad={auto_pad} needs static spatial dimensions")
+        spatial = _spatial(ctx, ctx.x[0])
         for i, (size, k, s, d) in enumerate(zip(spatial, kernel, strides, dilations)):
-            out = -(-size // s)
-            total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+            if size is None and s != 1:
+                raise UnsupportedOpError(
+                    f"{ctx.node.op_type} node {ctx.node.name!r}: auto_pad={auto_pad} with stride {s} pads by an "
+                    f"amount that depends on the input size, which is dynamic here ({ctx.shape(ctx.x[0])}). - help: "
+                    f"export with explicit pads (torch does), or with a static size for that axis")
+            # With stride 1 the total padding is (k - 1) d whatever the size.
+            total = (k - 1) * d if size is None else max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
             small, big = total // 2, total - total // 2
             pads[i], pads[i + n] = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
     elif auto_pad == "VALID":
@@ -33,17 +39,24 @@ def _spatial_attrs(ctx: GradContext, kernel: list[int]):
     return strides, dilations, pads
 
 
-def _spatial(ctx: GradContext, name: str) -> list[int]:
-    dims = ctx.shape(name)[2:]
-    if not all(isinstance(d, int) for d in dims):
-        raise ValueError(f"node {ctx.node.name!r} ({ctx.node.op_type}): the gradient needs static spatial "
-                         f"dimensions, got {ctx.shape(name)} for {name!r}")
-    return list(dims)
+def _spatial(ctx: GradContext, name: str) -> Size:
+    """The spatial sizes of ``name`` (axes 2...), None for each one only known at run time."""
+    return [d if isinstance(d, int) else None for d in ctx.shape(name)[2:]]
+
+
+def _known(*sizes: Size) -> bool:
+    return all(d is not None for size in sizes for d in size)
+
+
+def _crop_like(ctx: GradContext, t: str, like: str, n: int) -> str:
+    """``t`` cut at the end of its ``n`` spatial axes to the spatial size of ``like``, read at run time."""
+    b = ctx.b
+    return ctx.op.Slice(t, b.ints([0] * n), shape_of(b, like, 2, 2 + n), b.ints(list(range(2, 2 + n))))
 
 
 @register("Conv")
 def conv(ctx: GradContext):
-    """dX = ConvTranspose(dY, W); dW = a grouped Conv of X with dY as the kernel; dB = sum of dY."""
+    """dX = ConvTranspose(dY, W); dW = sum over samples and positions of dY times the patches of X; dB = sum of dY."""
     x, w = ctx.x[0], ctx.x[1]
     bias = ctx.x[2] if len(ctx.x) > 2 and ctx.x[2] else None
     dy, group = ctx.dy[0], ctx.attr("group", 1)
@@ -53,9 +66,11 @@ def conv(ctx: GradContext):
     n = len(kernel)
     in_size, out_size = _spatial(ctx, x), _spatial(ctx, ctx.y[0])
 
-    dx = _conv_input_gradient(ctx, dy, w, w_shape, group, strides, dilations, pads, in_size, out_size)
-
-    dw = _conv_weight_grad(ctx, x, dy, w_shape, strides, dilations, pads, group, in_size, out_size)
+    dx = _conv_input_gradient(ctx, dy, w, x, w_shape, group, strides, dilations, pads, in_size, out_size)
+    # A 1x1 stride-1 unpadded Conv keeps the spatial size; otherwise the patches' positions are dY's.
+    same_size = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
+    dw = _conv_weight_grad(ctx, x, dy, w_shape, strides, dilations, pads, group, in_size, out_size,
+                           same_size=same_size, positions_like=None)
     db = None
     if bias is not None:
         db = ctx.b.reduce("ReduceSum", dy, [0, *range(2, 2 + n)], keepdims=False)
@@ -63,13 +78,14 @@ def conv(ctx: GradContext):
 
 
 def _conv_weight_grad(ctx: GradContext, x: str, dy: str, w_shape, strides, dilations, pads, group: int,
-                      in_size: list[int], out_size: list[int]) -> str:
+                      in_size: Size, out_size: Size, same_size: bool, positions_like: str | None) -> str:
     """dW of Y = Conv(X, W): dW[o, i, k] = sum_{n, p} dY[n, o, p] patch(X)[n, i, k, p], one batched product per group.
 
     The patches (im2col) come from a depthwise Conv of X with one-hot kernels (same strides, pads and
     dilations as the forward node), which costs N Ci K Ho Wo multiply-adds; 1x1 stride-1 convolutions use X
-    as it is. onnxruntime runs the products as GEMMs; the classic "Conv of X with dY as the kernel" form
-    degenerates into matrix-vector products there (40x slower on MobileNetV2's 1x1 layers).
+    as it is (``same_size``). onnxruntime runs the products as GEMMs; the classic "Conv of X with dY as the
+    kernel" form degenerates into matrix-vector products there. When the patches can reach past dY's
+    positions (ConvTranspose's weight gradient), they are cut to the spatial size of ``positions_like``.
     """
     op, b = ctx.op, ctx.b
     kernel = list(w_shape[2:])
@@ -78,47 +94,54 @@ def _conv_weight_grad(ctx: GradContext, x: str, dy: str, w_shape, strides, dilat
     c_in, c_out_g = c_in_g * group, c_out // group
     if c_in_g == 1 and c_out_g == 1:
         return _depthwise_weight_grad(ctx, x, dy, w_shape, strides, dilations, pads, group, in_size, out_size)
-    positions = int(np.prod(out_size))
-    if window == 1 and all(s == 1 for s in strides) and not any(pads) and in_size == out_size:
+    if window == 1 and all(s == 1 for s in strides) and not any(pads) and (same_size or in_size == out_size):
         patches = x                                                                # (N, Ci, *P)
     else:
         one_hot = np.tile(np.eye(window, dtype=np_dtype(ctx.elem_type(ctx.x[1]))), (c_in, 1))
         patches = op.Conv(x, b.const(one_hot.reshape(c_in * window, 1, *kernel)), strides=strides, pads=pads,
                           dilations=dilations, group=c_in)                        # (N, Ci*K, *P')
-        reach = [(in_size[i] + pads[i] + pads[i + n] - (kernel[i] - 1) * dilations[i] - 1) // strides[i] + 1
-                 for i in range(n)]
-        if reach != list(out_size):  # (ConvTranspose's weight gradient) positions past dY are never used
-            patches = op.Slice(patches, b.ints([0] * n), b.ints(out_size), b.ints(list(range(2, 2 + n))))
-    if group == 1 and c_out * c_in * window > 2 * positions * (c_out + c_in * window):
-        # Few positions, many channels (the late 1x1 layers): one GEMM over (N*P) after moving the batch next
-        # to the positions costs two passes over the activations instead of N full-size partial products.
-        rows = op.Reshape(op.Transpose(op.Reshape(patches, b.ints([0, c_in * window, positions])), perm=[1, 0, 2]),
+        if not _known(in_size, out_size):
+            if positions_like is not None:
+                patches = _crop_like(ctx, patches, positions_like, n)
+        else:
+            reach = [(in_size[i] + pads[i] + pads[i + n] - (kernel[i] - 1) * dilations[i] - 1) // strides[i] + 1
+                     for i in range(n)]
+            if reach != list(out_size):  # positions past dY are never used
+                patches = op.Slice(patches, b.ints([0] * n), b.ints(out_size), b.ints(list(range(2, 2 + n))))
+    positions = int(np.prod(out_size)) if _known(out_size) else None
+    # Few positions, many channels (the late 1x1 layers): one GEMM over (N*P) after moving the batch next to
+    # the positions costs two passes over the activations instead of N full-size partial products. With a
+    # size known only at run time, the GEMM also bounds the temporaries by the activations' size.
+    if group == 1 and (positions is None or c_out * c_in * window > 2 * positions * (c_out + c_in * window)):
+        rows = op.Reshape(op.Transpose(op.Reshape(patches, b.ints([0, c_in * window, -1])), perm=[1, 0, 2]),
                           b.ints([c_in * window, -1]))                            # (Ci*K, N*P)
-        grads = op.Reshape(op.Transpose(op.Reshape(dy, b.ints([0, c_out, positions])), perm=[1, 0, 2]),
+        grads = op.Reshape(op.Transpose(op.Reshape(dy, b.ints([0, c_out, -1])), perm=[1, 0, 2]),
                            b.ints([c_out, -1]))                                   # (Co, N*P)
         return op.Reshape(op.Gemm(grads, rows, transB=1), b.ints([c_out, c_in_g, *kernel]))
-    pg = op.Reshape(patches, b.ints([0, group, c_in_g * window, positions]))
-    dg = op.Reshape(dy, b.ints([0, group, c_out_g, positions]))
+    pg = op.Reshape(patches, b.ints([0, group, c_in_g * window, -1]))
+    dg = op.Reshape(dy, b.ints([0, group, c_out_g, -1]))
     per_sample = op.MatMul(dg, op.Transpose(pg, perm=[0, 1, 3, 2]))                # (N, G, Co, Ci*K)
     dw = b.reduce("ReduceSum", per_sample, [0], keepdims=False)
     return op.Reshape(dw, b.ints([c_out, c_in_g, *kernel]))
 
 
 def _depthwise_weight_grad(ctx: GradContext, x: str, dy: str, w_shape, strides, dilations, pads, group: int,
-                           in_size: list[int], out_size: list[int]) -> str:
+                           in_size: Size, out_size: Size) -> str:
     """Depthwise dW as one grouped Conv of X (batch moved into the channels) with dY as the kernel; the roles
-    of stride and dilation swap. Alone, the patches form with one matrix-vector product per (sample,
-    channel) is up to 2x faster on 12x12 and larger maps, but in MobileNetV2's full step its 9-fold
-    intermediate made the step slower (213 -> 256 ms): the convolution form stays."""
+    of stride and dilation swap. (A patches form with one matrix-vector product per sample and channel is
+    faster alone but its 9-fold intermediate slows the whole step; see BENCHMARKS.md.)"""
     op, b = ctx.op, ctx.b
     kernel = list(w_shape[2:])
     n = len(kernel)
-    xg = op.Reshape(op.Transpose(x, perm=[1, 0, *range(2, 2 + n)]), b.ints([1, -1, *in_size]))   # (1, C*N, *S)
-    kg = op.Transpose(dy, perm=[1, 0, *range(2, 2 + n)])                                          # (C, N, *P)
-    dw = op.Conv(xg, kg, strides=dilations, dilations=strides, pads=pads, group=group)            # (1, C, *K')
+    xg = op.Reshape(op.Transpose(x, perm=[1, 0, *range(2, 2 + n)]), b.ints([1, -1, *[0] * n]))  # (1, C*N, *S)
+    kg = op.Transpose(dy, perm=[1, 0, *range(2, 2 + n)])                                         # (C, N, *P)
+    dw = op.Conv(xg, kg, strides=dilations, dilations=strides, pads=pads, group=group)           # (1, C, *K')
     # The spatial size of that Conv's output, floor((S + pads - ((P-1)*s + 1)) / d) + 1, can exceed K.
-    dw_size = [(in_size[i] + pads[i] + pads[i + n] - ((out_size[i] - 1) * strides[i] + 1)) // dilations[i] + 1
-               for i in range(n)]
+    if _known(in_size, out_size):
+        dw_size = [(in_size[i] + pads[i] + pads[i + n] - ((out_size[i] - 1) * strides[i] + 1)) // dilations[i] + 1
+                   for i in range(n)]
+    else:
+        dw_size = None
     if dw_size != kernel:
         dw = op.Slice(dw, b.ints([0] * n), b.ints(kernel), b.ints(list(range(2, 2 + n))))
     return op.Reshape(dw, b.ints([w_shape[0], 1, *kernel]))
@@ -138,10 +161,24 @@ def conv_transpose(ctx: GradContext):
     dilations = list(ctx.attr("dilations") or [1] * n)
     output_padding = list(ctx.attr("output_padding") or [0] * n)
     in_size, out_size = _spatial(ctx, x), _spatial(ctx, ctx.y[0])
-    # total padding = (the full transposed-conv extent) - (the output size); the spec splits it as follows.
-    total = [strides[i] * (in_size[i] - 1) + output_padding[i] + (kernel[i] - 1) * dilations[i] + 1 - out_size[i]
-             for i in range(n)]
     auto_pad, explicit = ctx.attr("auto_pad", "NOTSET"), ctx.attr("pads")
+    reach = [(kernel[i] - 1) * dilations[i] + 1 for i in range(n)]
+    # total padding = (the full transposed-conv extent) - (the output size); the spec splits it as follows.
+    if ctx.attr("output_shape") is not None:
+        if not _known(in_size):
+            raise UnsupportedOpError(
+                f"ConvTranspose node {ctx.node.name!r}: output_shape fixes the output size while the input size "
+                f"is dynamic ({ctx.shape(x)}); the padding is then only known at run time. - help: export with "
+                f"pads/output_padding instead of output_shape")
+        out_size = list(ctx.attr("output_shape"))[-n:]
+        total = [strides[i] * (in_size[i] - 1) + output_padding[i] + reach[i] - out_size[i] for i in range(n)]
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):   # the output is input * stride, whatever the input size
+        total = [output_padding[i] + reach[i] - strides[i] for i in range(n)]
+    elif auto_pad == "VALID":
+        total = [0] * n
+    else:
+        explicit_pads = list(explicit or [0] * (2 * n))
+        total = [explicit_pads[i] + explicit_pads[i + n] for i in range(n)]
     if auto_pad == "SAME_UPPER":
         begin = [t // 2 for t in total]
     elif auto_pad == "SAME_LOWER" or (ctx.attr("output_shape") is not None and explicit is None):
@@ -152,17 +189,20 @@ def conv_transpose(ctx: GradContext):
     end = [max(0, total[i] - begin[i] - output_padding[i]) for i in range(n)]
     pads = [*begin, *end]
     dx = ctx.op.Conv(dy, w, strides=strides, pads=pads, dilations=dilations, group=group)
-    conv_out = [(out_size[i] + begin[i] + end[i] - (kernel[i] - 1) * dilations[i] - 1) // strides[i] + 1
-                for i in range(n)]
-    if conv_out != in_size:
-        dx = ctx.op.Slice(dx, ctx.b.ints([0] * n), ctx.b.ints(in_size), ctx.b.ints(list(range(2, 2 + n))))
-    dw = _conv_weight_grad(ctx, dy, x, w_shape, strides, dilations, pads, group, out_size, in_size)
+    if _known(in_size, out_size):
+        conv_out = [(out_size[i] + begin[i] + end[i] - reach[i]) // strides[i] + 1 for i in range(n)]
+        if conv_out != in_size:
+            dx = ctx.op.Slice(dx, ctx.b.ints([0] * n), ctx.b.ints(in_size), ctx.b.ints(list(range(2, 2 + n))))
+    elif any(p >= s for p, s in zip(output_padding, strides)):  # only then can the Conv reach past X's size
+        dx = _crop_like(ctx, dx, x, n)
+    dw = _conv_weight_grad(ctx, dy, x, w_shape, strides, dilations, pads, group, out_size, in_size,
+                           same_size=False, positions_like=x)
     db = ctx.b.reduce("ReduceSum", dy, [0, *range(2, 2 + n)], keepdims=False) if bias is not None else None
     return dx, dw, db
 
 
-def _conv_input_gradient(ctx: GradContext, dy: str, w: str, w_shape, group: int, strides, dilations, pads,
-                         in_size, out_size) -> str:
+def _conv_input_gradient(ctx: GradContext, dy: str, w: str, x: str, w_shape, group: int, strides, dilations, pads,
+                         in_size: Size, out_size: Size) -> str:
     """dX of a convolution: the transposed convolution of dY with W.
 
     With stride 1 it is a plain Conv of dY with W flipped in space and with its channel axes swapped per
@@ -183,6 +223,12 @@ def _conv_input_gradient(ctx: GradContext, dy: str, w: str, w_shape, group: int,
             return op.Conv(dy, w, pads=back_pads, dilations=dilations, group=group)
         flipped = op.Slice(w, b.ints([-1] * n), b.ints([-(2**62)] * n), b.ints(spatial), b.ints([-1] * n))
         return op.Conv(dy, flipped, pads=back_pads, dilations=dilations, group=group)
+    if not _known(in_size, out_size):
+        # The rows/cols the stride skipped at the end depend on the sizes: pad every axis by stride - 1 at the
+        # end (always enough to cover X) and cut the result to X's size at run time.
+        dx = ctx.op.ConvTranspose(dy, w, strides=strides, pads=[*pads[:n], *[0] * n], dilations=dilations,
+                                  group=group, output_padding=[s - 1 for s in strides])
+        return _crop_like(ctx, dx, x, n)
     # Strided: the transposed convolution, with output_padding for the rows/cols the stride skipped.
     output_padding = [in_size[i] + pads[i] + pads[i + n] - ((out_size[i] - 1) * strides[i]
                       + (kernel[i] - 1) * dilations[i] + 1) for i in range(n)]
@@ -275,39 +321,60 @@ def _inverse_divisor(ctx: GradContext, kernel: list[int], strides, dilations, pa
     averaging ones gives (elements inside x) / divisor, and a Conv of ones with a ones kernel counts the
     elements inside x (its end padding extended to reach the windows ceil_mode adds)."""
     n = len(kernel)
-    in_size, out_size = _spatial(ctx, ctx.x[0]), _spatial(ctx, ctx.y[0])
-    dtype = np_dtype(ctx.elem_type(ctx.x[0]))
-    ones = ctx.b.const(np.ones((1, 1, *in_size), dtype=dtype))
+    op, b = ctx.op, ctx.b
+    x = ctx.x[0]
+    in_size, out_size = _spatial(ctx, x), _spatial(ctx, ctx.y[0])
+    dtype = np_dtype(ctx.elem_type(x))
+    if _known(in_size):
+        ones = b.const(np.ones((1, 1, *in_size), dtype=dtype))
+    else:
+        ones = op.ConstantOfShape(op.Concat(b.ints([1, 1]), shape_of(b, x, 2, 2 + n), axis=0),
+                                  value=onnx.numpy_helper.from_array(np.ones(1, dtype=dtype)))
     dil = dilations if any(d != 1 for d in dilations) else None
-    averaged = ctx.op.AveragePool(ones, kernel_shape=kernel, strides=strides, pads=pads, dilations=dil,
-                                  count_include_pad=ctx.attr("count_include_pad", 0),
-                                  ceil_mode=ctx.attr("ceil_mode", 0))
-    reach = [(out_size[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 for i in range(n)]
-    conv_pads = [*pads[:n], *(max(pads[n + i], reach[i] - in_size[i] - pads[i]) for i in range(n))]
-    inside = ctx.op.Conv(ones, ctx.b.const(np.ones((1, 1, *kernel), dtype=dtype)), strides=strides,
-                         dilations=dilations, pads=conv_pads)
-    return ctx.op.Div(averaged, inside)
+    averaged = op.AveragePool(ones, kernel_shape=kernel, strides=strides, pads=pads, dilations=dil,
+                              count_include_pad=ctx.attr("count_include_pad", 0), ceil_mode=ctx.attr("ceil_mode", 0))
+    if _known(in_size, out_size):
+        reach = [(out_size[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 for i in range(n)]
+        end = [max(pads[n + i], reach[i] - in_size[i] - pads[i]) for i in range(n)]
+    else:   # ceil_mode's last window reaches at most stride - 1 past the end padding; extra windows are cut
+        end = [pads[n + i] + (strides[i] - 1 if ctx.attr("ceil_mode", 0) else 0) for i in range(n)]
+    inside = op.Conv(ones, b.const(np.ones((1, 1, *kernel), dtype=dtype)), strides=strides,
+                     dilations=dilations, pads=[*pads[:n], *end])
+    if not _known(in_size, out_size) and ctx.attr("ceil_mode", 0):
+        inside = _crop_like(ctx, inside, averaged, n)
+    return op.Div(averaged, inside)
 
 
 def _window_sum_transpose(ctx: GradContext, g: str, kernel: list[int], strides, dilations, pads) -> str:
     """The transpose of summing each pooling window: every input element receives the sum of ``g`` over
     the windows it lies in. A depthwise ConvTranspose with a ones kernel, plus output_padding for the
-    rows/cols the stride skipped."""
+    rows/cols the stride skipped. With a channel count known only at run time, the channels move into the
+    batch axis and one single-channel ConvTranspose does the same."""
     x = ctx.x[0]
+    op, b = ctx.op, ctx.b
     n = len(kernel)
     channels = ctx.shape(x)[1]
-    if not isinstance(channels, int):
-        raise ValueError(f"{ctx.node.op_type} node {ctx.node.name!r}: the gradient needs a static channel count")
-    ones = ctx.b.const(np.ones((channels, 1, *kernel), dtype=np_dtype(ctx.elem_type(x))))
+    dtype = np_dtype(ctx.elem_type(x))
+    if isinstance(channels, int):
+        ones, group = b.const(np.ones((channels, 1, *kernel), dtype=dtype)), channels
+    else:
+        ones, group = b.const(np.ones((1, 1, *kernel), dtype=dtype)), 1
+        g = op.Reshape(g, b.ints([-1, 1, *[0] * n]))                               # (N*C, 1, out...)
     in_size, out_size = _spatial(ctx, x), _spatial(ctx, ctx.y[0])
-    output_padding = [in_size[i] + pads[i] + pads[i + n] - ((out_size[i] - 1) * strides[i]
-                      + (kernel[i] - 1) * dilations[i] + 1) for i in range(n)]
-    extend = [max(0, p) for p in output_padding]       # negative: ceil_mode windows reach past x; crop them
-    g = ctx.op.ConvTranspose(g, ones, strides=strides, pads=pads, dilations=dilations, group=channels,
+    if _known(in_size, out_size):
+        output_padding = [in_size[i] + pads[i] + pads[i + n] - ((out_size[i] - 1) * strides[i]
+                          + (kernel[i] - 1) * dilations[i] + 1) for i in range(n)]
+        extend = [max(0, p) for p in output_padding]   # negative: ceil_mode windows reach past x; crop them
+        g = op.ConvTranspose(g, ones, strides=strides, pads=pads, dilations=dilations, group=group,
                              output_padding=extend if any(extend) else None)
-    if any(p < 0 for p in output_padding):
-        g = ctx.op.Slice(g, ctx.b.ints([0] * n), ctx.b.ints(in_size), ctx.b.ints(list(range(2, 2 + n))))
-    return g
+        if any(p < 0 for p in output_padding):
+            g = op.Slice(g, b.ints([0] * n), b.ints(in_size), b.ints(list(range(2, 2 + n))))
+    else:   # pad every axis by stride - 1 at the end (always enough to cover x), cut to x's size at run time
+        g = op.ConvTranspose(g, ones, strides=strides, pads=[*pads[:n], *[0] * n], dilations=dilations,
+                             group=group, output_padding=[s - 1 for s in strides] if any(s > 1 for s in strides)
+                             else None)
+        g = _crop_like(ctx, g, x, n)
+    return g if isinstance(channels, int) else op.Reshape(g, op.Shape(x))
 
 
 @register("LpPool")

@@ -15,7 +15,7 @@ import onnx
 
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.registry import register
-from onnxtrain.autodiff.shape import scatter_add
+from onnxtrain.autodiff.shape import scatter_add, shape_of
 from onnxtrain.ir.types import np_dtype
 
 
@@ -35,10 +35,10 @@ def _full_rank(values, axes: list[int], rank: int, fill: float) -> list[float]:
 def resize(ctx: GradContext):
     x, dy, op = ctx.x[0], ctx.dy[0], ctx.op
     roi, scales, sizes = _input(ctx, 1), _input(ctx, 2), _input(ctx, 3)
-    in_shape, out_shape = ctx.info(x).static_shape, ctx.info(ctx.y[0]).static_shape
+    in_shape, out_shape = ctx.shape(x), ctx.info(ctx.y[0]).shape
     name = ctx.node.name or "Resize"
-    if in_shape is None or len(in_shape) < 2:
-        raise ValueError(f"Resize node {name!r}: the gradient needs a static input shape of rank 2 or more")
+    if len(in_shape) < 2:
+        raise ValueError(f"Resize node {name!r}: the gradient needs an input of rank 2 or more")
     if ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
         raise ValueError(f"Resize node {name!r}: no gradient for keep_aspect_ratio_policy="
                          f"{ctx.attr('keep_aspect_ratio_policy')!r}; export with 'stretch'")
@@ -62,9 +62,12 @@ def resize(ctx: GradContext):
     def is_identity(a: int) -> bool:
         if crop and (roi_values[0][a], roi_values[1][a]) != (0.0, 1.0):
             return False
+        if known is not None and sizes is None:
+            return known[a] == 1.0
         if known is not None:
-            return known[a] == (in_shape[a] if sizes is not None else 1.0)
-        return out_shape is not None and out_shape[a] == in_shape[a]
+            return isinstance(in_shape[a], int) and known[a] == in_shape[a]
+        # Sizes or scales known at run time only: an axis is left alone when its size is the same (symbolic) dim.
+        return out_shape is not None and in_shape[a] is not None and out_shape[a] == in_shape[a]
 
     attrs = {k: ctx.attr(k) for k in ("mode", "coordinate_transformation_mode", "cubic_coeff_a",
                                        "exclude_outside", "nearest_mode", "antialias")}
@@ -73,30 +76,34 @@ def resize(ctx: GradContext):
 
     g = dy
     for a in (a for a in axes if not is_identity(a)):
-        n = in_shape[a]
         # E holds the n basis vectors of axis a, stacked along another axis, which E's resize leaves alone.
         stack = 0 if a else 1
-        e_shape = [1] * rank
-        e_shape[stack], e_shape[a] = n, n
-        eye = ctx.b.const(np.eye(n, dtype=np_dtype(ctx.elem_type(x))).reshape(e_shape))
+        eye, e_shape = _basis_input(ctx, x, a, stack, rank)
         roi_e = ""
         if crop:
             starts, ends = [0.0] * rank, [1.0] * rank
             starts[a], ends[a] = roi_values[0][a], roi_values[1][a]
             roi_e = ctx.b.const(np.asarray(starts + ends, dtype=np_dtype(ctx.elem_type(roi))))
         # E's sizes or scales: axis a's own, and E's shape (scale 1) elsewhere; from the run-time tensor if need be.
-        onehot = np.zeros(rank, dtype=np_dtype(ctx.elem_type(given)))
+        dtype = np_dtype(ctx.elem_type(given))
+        onehot = np.zeros(rank, dtype=dtype)
         onehot[a] = 1
-        keep = (np.asarray(e_shape) if sizes is not None else np.ones(rank)).astype(onehot.dtype) * (1 - onehot)
-        if known is not None:
-            target = ctx.b.const(np.where(onehot > 0, known[a], keep).astype(onehot.dtype))
+        if sizes is not None:
+            keep = op.Mul(e_shape, ctx.b.const(1 - onehot)) if isinstance(e_shape, str) else \
+                ctx.b.const(np.asarray(e_shape, dtype=dtype) * (1 - onehot))
         else:
-            target = op.Add(op.Mul(given, ctx.b.const(onehot)), ctx.b.const(keep))
+            keep = ctx.b.const(1 - onehot)
+        if known is not None:
+            own = ctx.b.const((onehot * known[a]).astype(dtype))
+        else:
+            own = op.Mul(given, ctx.b.const(onehot))
+        target = op.Add(own, keep)
         inputs = (eye, roi_e, "", target) if sizes is not None else (eye, roi_e, target)
         basis = op.Resize(*inputs, **attrs)
         # basis[j, i] = M_a[i, j]: row j is the resized j-th basis vector. Its length is read at run time,
         # as runtimes disagree on some output sizes (tf_crop_and_resize).
-        basis = op.Reshape(basis, ctx.b.ints([n, -1] if stack < a else [-1, n]))
+        rows = in_shape[a] if isinstance(in_shape[a], int) else 0     # 0: E's own size along the stacking axis
+        basis = op.Reshape(basis, ctx.b.ints([rows, -1] if stack < a else [-1, rows]))
         if stack < a:
             basis = op.Transpose(basis, perm=[1, 0])                         # (m, n) = M_a
         last = [*(i for i in range(rank) if i != a), a]                      # contract axis a, moved last
@@ -104,6 +111,24 @@ def resize(ctx: GradContext):
         if a != rank - 1:
             g = op.Transpose(g, perm=[int(i) for i in np.argsort(last)])
     return (g, *[None] * (len(ctx.x) - 1))
+
+
+def _basis_input(ctx: GradContext, x: str, a: int, stack: int, rank: int) -> tuple[str, list[int] | str]:
+    """The identity matrix of axis ``a``'s length n, shaped with n at axes ``a`` and ``stack`` and 1 elsewhere,
+    and that shape (a list when n is static, else a run-time int64 tensor)."""
+    n = ctx.shape(x)[a]
+    dtype = np_dtype(ctx.elem_type(x))
+    if isinstance(n, int):
+        e_shape = [1] * rank
+        e_shape[stack], e_shape[a] = n, n
+        return ctx.b.const(np.eye(n, dtype=dtype).reshape(e_shape)), e_shape
+    op, b = ctx.op, ctx.b
+    length = shape_of(b, x, a, a + 1)                                        # [n]
+    square = op.ConstantOfShape(op.Concat(length, length, axis=0),
+                                value=onnx.numpy_helper.from_array(np.zeros(1, dtype=dtype)))
+    pieces = [length if i in (a, stack) else b.ints([1]) for i in range(rank)]
+    e_shape = op.Concat(*pieces, axis=0)
+    return op.Reshape(op.EyeLike(square), e_shape), e_shape
 
 
 # -- GridSample ---------------------------------------------------------------------------------------------

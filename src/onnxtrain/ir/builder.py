@@ -74,7 +74,10 @@ class GraphBuilder:
             out_names = list(outputs)
             self._taken.update(out_names)
         attrs = {k: v for k, v in attrs.items() if v is not None}
-        n = helper.make_node(op_type, [i or "" for i in inputs], out_names, name=self.unique(name or op_type),
+        names = [i or "" for i in inputs]
+        while names and not names[-1]:   # trailing optional inputs are left out (older opsets have fewer slots)
+            names.pop()
+        n = helper.make_node(op_type, names, out_names, name=self.unique(name or op_type),
                              **attrs)
         self.nodes.append(n)
         return out_names[0] if isinstance(outputs, int) and outputs == 1 else out_names
