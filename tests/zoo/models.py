@@ -34,7 +34,7 @@ class Spec:
     axes: dict[int, str]
     batches: tuple[int, int] = (4, 3)
     output_axes: dict[int, str] | None = None
-    quick: bool = False
+    quick: tuple[str, ...] = ()  # the exporters checked in the default test run (the rest: -m slow)
 
 
 def _image(batch, size, rng):
@@ -153,17 +153,17 @@ def wav2vec2():
     return Logits.wrap(Wav2Vec2ForSequenceClassification(config))
 
 
-def _vision(name, package, build, sizes=(64, 96), quick=False, axes=IMAGE_AXES):
+def _vision(name, package, build, sizes=(64, 96), quick=(), axes=IMAGE_AXES):
     return Spec(name, package, build, _image, _classes, sizes if axes else (sizes[0], None), axes, quick=quick)
 
 
-def _text(name, build, labels=_classes, quick=False, output_axes=None):
+def _text(name, build, labels=_classes, quick=(), output_axes=None):
     return Spec(name, "transformers", build, _tokens, labels, (8, 12), SEQUENCE_AXES, batches=(2, 3),
                 output_axes=output_axes, quick=quick)
 
 
 ZOO: dict[str, Spec] = {s.name: s for s in [
-    _vision("resnet18", "torchvision", _torchvision("resnet18"), quick=True),
+    _vision("resnet18", "torchvision", _torchvision("resnet18"), quick=("torchscript-train",)),
     _vision("mobilenet_v3_small", "torchvision", _torchvision("mobilenet_v3_small", dropout=0.0)),
     _vision("efficientnet_b0", "torchvision",
             _torchvision("efficientnet_b0", dropout=0.0, stochastic_depth_prob=0.0)),
@@ -178,7 +178,7 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     _vision("deit_tiny_patch16_224", "timm", _timm("deit_tiny_patch16_224", img_size=32), sizes=(32, None),
             axes={}),
     _vision("mobilevit_xxs", "timm", _timm("mobilevit_xxs"), sizes=(64, 128)),
-    _text("bert", bert, quick=True),
+    _text("bert", bert, quick=("torchscript-train", "torchscript-eval")),
     _text("distilbert", distilbert),
     _text("roberta", roberta),
     _text("gpt2", gpt2, labels=_next_tokens, output_axes={2: "positions"}),

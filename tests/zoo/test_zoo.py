@@ -3,7 +3,8 @@
 Per model and exporter: the artifacts are standard ONNX; loss and gradients match torch at the exported size,
 at a second batch size and (where the model allows) a second input size, all with the same artifacts; 20
 AdamW steps lower the loss and move training-mode BatchNorm statistics as torch does; the eval and exported
-inference models give torch's eval outputs. resnet18 and BERT run by default, the rest with ``-m slow``.
+inference models give torch's eval outputs. resnet18 (training-mode TorchScript export) and BERT (TorchScript,
+both modes) run by default, the rest with ``-m slow``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def _params(checks):
             for check in checks:
                 if check == "size" and spec.sizes[1] is None:
                     continue
-                marks = [] if spec.quick else [pytest.mark.slow]
+                marks = [] if exporter in spec.quick else [pytest.mark.slow]
                 reason = EXPECTED_FAILURES.get((name, exporter, check)) or EXPECTED_FAILURES.get((name, exporter))
                 if reason:
                     marks.append(pytest.mark.xfail(reason=reason, strict=True))
