@@ -1,9 +1,9 @@
 """Generation time, training-step time and peak RSS of one export, measured without torch in the process.
 
-    python -m tests.zoo.measure MODEL.onnx BATCH.npz OUT_DIR   # prints one JSON line
+    python -m tests.zoo.measure MODEL.onnx BATCH.npz OUT_DIR [generate|train|both]   # prints one JSON line
 
-BATCH.npz holds ``inputs`` and ``labels``. The report runs this in a fresh process per export, so the peak
-RSS is onnxtrain's (generation and 20 AdamW steps), not the torch reference's.
+BATCH.npz holds ``inputs`` and ``labels``. The report runs generation and training each in a fresh process,
+so each peak RSS is onnxtrain's alone (generation; loading the artifacts and 20 AdamW steps), not torch's.
 """
 
 from __future__ import annotations
@@ -16,15 +16,19 @@ import time
 import numpy as np
 
 
-def measure(model_path: str, batch_path: str, out_dir: str, steps: int = 20) -> dict:
+def measure(model_path: str, batch_path: str, out_dir: str, what: str = "both", steps: int = 20) -> dict:
     from onnxtrain import blocks
     from onnxtrain.api import CheckpointState, Module, Optimizer
     from onnxtrain.artifacts import LossType, generate_artifacts
 
-    start = time.perf_counter()
-    generate_artifacts(model_path, loss=LossType.CrossEntropyLoss, optimizer=blocks.AdamW(mode="torch"),
-                       artifact_directory=out_dir)
-    generate_seconds = time.perf_counter() - start
+    result = {"torch_loaded": "torch" in sys.modules}
+    if what in ("generate", "both"):
+        start = time.perf_counter()
+        generate_artifacts(model_path, loss=LossType.CrossEntropyLoss, optimizer=blocks.AdamW(mode="torch"),
+                           artifact_directory=out_dir)
+        result["generate_s"] = time.perf_counter() - start
+        if what == "generate":
+            return {**result, "peak_rss_mb": _peak_rss_mb()}
     batch = np.load(batch_path)
     state = CheckpointState.load_checkpoint(f"{out_dir}/checkpoint")
     module = Module(f"{out_dir}/training_model.onnx", state)
@@ -36,10 +40,12 @@ def measure(model_path: str, batch_path: str, out_dir: str, steps: int = 20) -> 
         optimizer.step()
         module.lazy_reset_grad()
         times.append(time.perf_counter() - start)
-    return {"generate_s": generate_seconds, "step_ms": 1e3 * float(np.median(times[2:])),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "torch_loaded": "torch" in sys.modules}
+    return {**result, "step_ms": 1e3 * float(np.median(times[2:])), "peak_rss_mb": _peak_rss_mb()}
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure(*sys.argv[1:4])))
+    print(json.dumps(measure(*sys.argv[1:5])))
