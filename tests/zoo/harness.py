@@ -229,10 +229,13 @@ def gradient_error(run: Run, case: str, seed: int) -> tuple[float, str]:
         err = float(np.linalg.norm(grad - ref)) / norm
         torch_err = float(np.linalg.norm(ref32[name] - ref)) / norm
         worst = max(worst, (err / max(GRAD_RTOL, 5 * torch_err), name, err, torch_err))
-    assert ours >= used, f"not trained: {sorted(used - ours)[:4]} (trainable: {len(ours)}, torch: {len(used)})"
-    assert ours <= set(ref64), f"trainable but not torch parameters: {sorted(ours - set(ref64))[:4]}"
     ratio, name, err, torch_err = worst
-    return ratio, f"{name}: relative gradient error {err:.2e} (torch float32: {torch_err:.2e})"
+    message = f"{name}: relative gradient error {err:.2e} (torch float32: {torch_err:.2e})"
+    if ratio < 1:  # the parameter sets are checked once the shared parameters' gradients are known to match
+        assert ours >= used, f"not trained: {sorted(used - ours)[:4]} (trainable: {len(ours)}, torch: {len(used)})"
+        assert ours <= set(ref64), (f"the other gradients match, but these non-parameters are trained: "
+                                    f"{sorted(ours - set(ref64))[:4]}")
+    return ratio, message
 
 
 def check_gradients(run: Run, case: str, seeds: int = 3) -> None:
