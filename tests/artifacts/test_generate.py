@@ -111,7 +111,7 @@ def test_losses_match_torch(loss, reduction, tmp_path):
     generate_artifacts(forward, loss=block, optimizer=OptimType.SGD, artifact_directory=tmp_path)
     ours, state = _run_loss(tmp_path, x, y)
 
-    params = {n: torch.tensor(state.parameters[n].data, requires_grad=True) for n in state.parameters}
+    params = {n: torch.tensor(state.parameters[n].data, requires_grad=True) for n in state.parameters.keys()}
     out = F.linear(F.relu(F.linear(torch.from_numpy(x), params["fc1.weight"], params["fc1.bias"])),
                    params["fc2.weight"], params["fc2.bias"])
     ref = torch_loss(out, torch.from_numpy(y))
@@ -166,15 +166,18 @@ def test_batchnorm_statistics_become_buffers(tmp_path):
 
 
 def test_nominal_checkpoint_has_no_data_but_loads(tmp_path, rng):
-    generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
-                       artifact_directory=tmp_path, nominal_checkpoint=True)
+    paths = generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                               artifact_directory=tmp_path, nominal_checkpoint=True)
     full = tmp_path / "full"
     generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                        artifact_directory=full)
-    assert (tmp_path / "checkpoint").stat().st_size < (full / "checkpoint").stat().st_size / 2
-    data = load_checkpoint(tmp_path / "checkpoint")
+    # Both are written, as the peer does: the full checkpoint, and the nominal one beside it.
+    assert paths["nominal_checkpoint"] == str(tmp_path / "nominal_checkpoint")
+    assert (tmp_path / "checkpoint").read_bytes() == (full / "checkpoint").read_bytes()
+    assert (tmp_path / "nominal_checkpoint").stat().st_size < (full / "checkpoint").stat().st_size / 2
+    data = load_checkpoint(tmp_path / "nominal_checkpoint")
     assert data.nominal and set(data.specs) >= {"trainable/fc1.weight"}
-    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    state = CheckpointState.load_checkpoint(tmp_path / "nominal_checkpoint")
     module = Module(tmp_path / "training_model.onnx", state)
     assert module.get_parameters_size() == 212
     module.copy_buffer_to_parameters(Module(full / "training_model.onnx", CheckpointState.load_checkpoint(
@@ -217,7 +220,6 @@ def test_optimizer_graph_with_gradient_clipping(tmp_path):
     (dict(requires_grad=["fc1.weight"], frozen_params=["fc1.weight"]), ValueError,
      r"'fc1.weight' is listed both in requires_grad and in frozen_params"),
     (dict(loss_input_names=["logits"]), ValueError, r"'logits' is not a value of the model"),
-    (dict(loss=None), ValueError, r"loss is required"),
     (dict(loss="mse"), TypeError, r"loss must be a LossType or an onnxtrain.blocks.Block"),
     (dict(optimizer="adam"), TypeError, r"optimizer must be an OptimType"),
     (dict(custom_op_library="libx.so"), ValueError, r"custom_op_library is not supported"),
@@ -334,3 +336,66 @@ def test_relu_then_maxpool_trains_as_maxpool_then_relu(tmp_path):
     assert losses[True] == pytest.approx(losses[False], rel=1e-6)
     for name in grads[True]:
         np.testing.assert_allclose(grads[True][name], grads[False][name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def _at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    model.opset_import[0].version = opset
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_loss_none_trains_a_model_whose_output_is_the_loss_and_optimizer_none_skips_a_stage(tmp_path, rng):
+    import onnxtrain.onnxblock as onnxblock
+
+    class WithLoss(onnxblock.ForwardBlock):
+        def __init__(self):
+            super().__init__()
+            self.loss = onnxblock.loss.MSELoss()
+
+        def build(self, output_name):
+            return self.loss(output_name)
+
+    block = WithLoss()
+    with onnxblock.base(models.mlp()):
+        block("output")
+    paths = generate_artifacts(block.to_model_proto(), loss=None, optimizer=None, artifact_directory=tmp_path)
+    assert "optimizer" not in paths and not (tmp_path / "optimizer_model.onnx").exists()
+    x, t = rng.standard_normal((3, 8)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    module = Module(tmp_path / "training_model.onnx", CheckpointState.load_checkpoint(tmp_path / "checkpoint"))
+    y = ort.InferenceSession(models.mlp().SerializeToString()).run(None, {"input": x})[0]
+    np.testing.assert_allclose(module(x, t), np.mean((y - t) ** 2), rtol=1e-5)
+
+
+def test_models_from_opset_13_keep_their_opset(tmp_path):
+    generate_artifacts(_at_opset(models.mlp(), 14), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path)
+    for file in ARTIFACTS:
+        assert [(o.domain, o.version) for o in onnx.load(tmp_path / file).opset_import] == [("", 14)], file
+
+
+def _embedding(opset: int) -> onnx.ModelProto:
+    """Gather rows of a table: the gradient adds rows up (ScatterND reduction='add', opset 16)."""
+    table = np.arange(12, dtype=np.float32).reshape(6, 2)
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Gather", ["table", "ids"], ["output"])], "embedding",
+        [onnx.helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["n"])],
+        [onnx.helper.make_tensor_value_info("output", onnx.TensorProto.FLOAT, ["n", 2])],
+        initializer=[onnx.numpy_helper.from_array(table, "table")])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+
+
+def test_a_model_is_converted_to_opset_17_only_when_its_gradient_needs_it(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="onnxtrain.artifacts.generate"):
+        generate_artifacts(_embedding(14), loss=LossType.MSELoss, artifact_directory=tmp_path)
+    assert onnx.load(tmp_path / "training_model.onnx").opset_import[0].version == 17
+    assert "converting the model to opset 17" in caplog.text and "opset 16" in caplog.text
+    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    Module(tmp_path / "training_model.onnx", state)(np.array([1, 1, 4]), np.zeros((3, 2), np.float32))
+    grad = state.parameters["table"].grad
+    np.testing.assert_allclose(grad[1], 2 * 2 * np.array([2.0, 3.0]) / 6)  # row 1 is gathered twice
+
+
+def test_eval_dropout_keeps_its_training_mode_slot_empty(tmp_path):
+    generate_artifacts(models.conv_bn(dropout=True), loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path)
+    (dropout,) = [n for n in onnx.load(tmp_path / "eval_model.onnx").graph.node if n.op_type == "Dropout"]
+    assert len(dropout.input) == 3 and dropout.input[2] == "" and len(dropout.output) == 1

@@ -743,3 +743,37 @@ def test_50mb_checkpoint_is_about_as_fast_as_safetensors(tmp_path):
     plain_load = best_of_3(lambda: safetensors.numpy.load((tmp_path / "plain").read_bytes()))
     assert ours_save < 3 * plain_save + 0.02, (ours_save, plain_save)
     assert ours_load < 3 * plain_load + 0.02, (ours_load, plain_load)
+
+
+def _age(path, seconds: float = 60) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="advisory locks (fcntl) and SIGKILL")
+def test_a_dead_writers_temporary_file_is_cleared_and_a_live_ones_is_kept(tmp_path):
+    """A writer holds its temporary file locked until the rename: while it lives, saves and loads leave the
+    file alone; once it is dead (killed mid-save), the next load removes it, as would the next save."""
+    path = tmp_path / "model.ckpt"
+    save_checkpoint(CheckpointData(trainable={"w": np.zeros(4, np.float32)}), path)
+    child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, str(path), "before_replace"], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout.readline() == b"stopped\n", "the child failed before reaching the stage"
+        (temp,) = [tmp_path / n for n in os.listdir(tmp_path) if n != "model.ckpt"]
+        _age(temp)
+        load_checkpoint(path)
+        save_checkpoint(CheckpointData(trainable={"w": np.ones(4, np.float32)}), path)
+        assert temp.exists(), "the temporary file of a live writer was removed"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+    load_checkpoint(path)
+    assert sorted(os.listdir(tmp_path)) == ["model.ckpt"]
+    other = tmp_path / ".model.ckpt.0123abcd.tmp"  # a crash leftover found by the next save
+    other.write_bytes(b"partial")
+    young = tmp_path / ".model.ckpt.89abcdef.tmp"  # too new to judge: its writer may not have locked it yet
+    young.write_bytes(b"partial")
+    _age(other)
+    save_checkpoint(CheckpointData(trainable={"w": np.ones(4, np.float32)}), path)
+    assert sorted(os.listdir(tmp_path)) == [".model.ckpt.89abcdef.tmp", "model.ckpt"]

@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxtrain.checkpoint import load_checkpoint
 from tests.cli.conftest import assert_one_line_error, hide_modules, run_cli
 
 
@@ -66,7 +67,8 @@ def test_generate_parameter_selection(workdir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     info = json.loads(run_cli("info", out2, "--json").stdout)
     assert list(info["trainable"]["tensors"]) == ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias"]
-    assert info["additional_outputs"] == [] and info["checkpoint"]["nominal"]
+    assert info["additional_outputs"] == [] and not info["checkpoint"]["nominal"]
+    assert load_checkpoint(out2 / "nominal_checkpoint").nominal
 
 
 def test_train_eval_export(workdir, arts):

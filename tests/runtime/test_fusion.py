@@ -81,7 +81,7 @@ def _interfere(what, module, optimizer, state):
     if what == "learning_rate":
         optimizer.set_learning_rate(0.5)
     elif what == "parameter":
-        name = next(iter(state.parameters))
+        name = state.parameters.keys()[0]
         state.parameters[name] = np.full_like(state.parameters[name].data, 0.25)
     elif what == "contiguous_parameters":
         module.copy_buffer_to_parameters(np.asarray(module.get_contiguous_parameters(True).numpy()) * 0.5)

@@ -28,7 +28,7 @@ SAVER = textwrap.dedent("""
     print("ready", flush=True)
     for i in range(1, 100000):
         # every parameter holds the save's number, and a large buffer makes each save take a while
-        for name in state.parameters:
+        for name in state.parameters.keys():
             if state.parameters[name].requires_grad:
                 state.parameters[name] = np.full_like(state.parameters[name].data, i)
         state.properties["save"] = i
@@ -57,7 +57,7 @@ def test_sigkill_at_random_moments_during_saves_never_loses_the_checkpoint(tmp_p
         state = CheckpointState.load_checkpoint(target)  # must load: a complete checkpoint, old or new
         i = state.properties["save"]
         seen.add(i)
-        for name in state.parameters:
+        for name in state.parameters.keys():
             if state.parameters[name].requires_grad:
                 assert (state.parameters[name].data == i).all(), f"{name} is not from save {i}"
     assert len(seen) >= 3, f"the kills hit too few distinct saves: {sorted(seen)}"

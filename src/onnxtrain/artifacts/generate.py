@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import logging
 import os
 from collections.abc import Sequence
 
@@ -11,13 +12,16 @@ import onnx
 from onnxtrain.artifacts.graphs import build_graphs
 from onnxtrain.artifacts.optimizer import build_optimizer_model
 from onnxtrain.artifacts.params import plan_parameters
-from onnxtrain.artifacts.source import load_source_model
-from onnxtrain.blocks import losses, optim
+from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
+from onnxtrain.blocks import losses, ops, optim
 from onnxtrain.blocks.base import Block
 from onnxtrain.checkpoint import CheckpointData, save_checkpoint
+from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.files import atomic_write_bytes
 
 __all__ = ["generate_artifacts", "LossType", "OptimType", "convert_to_ort"]
+
+logger = logging.getLogger(__name__)
 
 
 class LossType(enum.Enum):
@@ -46,9 +50,10 @@ _OPTIMIZERS = {OptimType.AdamW: optim.AdamW, OptimType.SGD: optim.SGD, OptimType
 
 
 def _resolve_loss(loss) -> tuple[Block, bool]:
-    """(block, whether every model output goes to it): built-ins take the first output, custom blocks all."""
+    """(block, whether every model output goes to it): built-ins take the first output, custom blocks all.
+    None: the model's first output already is the loss."""
     if loss is None:
-        raise ValueError("loss is required: a LossType (e.g. LossType.CrossEntropyLoss) or a Block")
+        return ops.Identity(), False
     if isinstance(loss, LossType):
         return _LOSSES[loss](), False
     if isinstance(loss, Block):
@@ -89,7 +94,8 @@ def generate_artifacts(
         requires_grad: names (or globs) of the parameters to train; None trains every float initializer
             except frozen ones and BatchNorm running statistics.
         frozen_params: parameters kept in the checkpoint but never updated.
-        loss: a :class:`LossType` or a :class:`~onnxtrain.blocks.Block` (custom loss).
+        loss: a :class:`LossType` or a :class:`~onnxtrain.blocks.Block` (custom loss); None when the model's
+            first output (or ``loss_input_names[0]``) already is the loss.
         optimizer: an :class:`OptimType` or an optimizer block (``onnxtrain.blocks.AdamW(weight_decay=0.01)``);
             None writes no optimizer model.
         artifact_directory: where to write (default: the current directory).
@@ -97,23 +103,35 @@ def generate_artifacts(
         ort_format: also write ``.ort`` files (needs onnxruntime's converter, shipped with onnxruntime).
         custom_op_library: not supported: artifacts are plain ONNX and must not need custom ops.
         additional_output_names: model values returned after the loss by the training and eval steps.
-        nominal_checkpoint: write names, dtypes and shapes only (the weights ship separately).
+        nominal_checkpoint: also write ``nominal_checkpoint``: names, dtypes and shapes only (the weights ship
+            separately).
         loss_input_names: model values passed to the loss (default: the first model output for built-in
             losses, every model output for custom blocks).
         trainable_ops: train only the parameters of the last N nodes (-1: all, 0: none).
 
     Returns:
-        A mapping from artifact kind ("training", "eval", "optimizer", "checkpoint") to the file path.
+        A mapping from artifact kind ("training", "eval", "optimizer", "checkpoint", "nominal_checkpoint") to
+        the file path.
     """
     if custom_op_library is not None:
         raise ValueError("custom_op_library is not supported: onnxtrain artifacts use the default ONNX domain "
                          "only, so that they run on any stock onnxruntime")
     loss_block, all_outputs = _resolve_loss(loss)
     opt_block = _resolve_optimizer(optimizer)
+    def build(source):
+        plan = plan_parameters(source.model.graph, source.weights, requires_grad, frozen_params, trainable_ops)
+        return plan, build_graphs(source.model, source.weights, plan, loss_block, loss_input_names,
+                                  additional_output_names, all_outputs)
+
     source = load_source_model(model)
-    plan = plan_parameters(source.model.graph, source.weights, requires_grad, frozen_params, trainable_ops)
-    graphs = build_graphs(source.model, source.weights, plan, loss_block, loss_input_names,
-                          additional_output_names, all_outputs)
+    try:  # at the model's own opset, as the peer; some gradients need ops of newer opsets
+        plan, graphs = build(source)
+    except UnsupportedOpError as exc:
+        if source.opset >= MIN_OPSET:
+            raise
+        logger.warning("converting the model to opset %d: its gradient needs it (%s)", MIN_OPSET, exc)
+        source = load_source_model(model, min_opset=MIN_OPSET)
+        plan, graphs = build(source)
 
     out_dir = os.fspath(artifact_directory or os.getcwd())
     os.makedirs(out_dir, exist_ok=True)
@@ -134,10 +152,11 @@ def generate_artifacts(
         frozen={p: source.weights[p] for p in plan.frozen},
         buffers={p: source.weights[p] for p in plan.buffers},
     )
-    if nominal_checkpoint:
-        data = data.nominal_copy()
     paths["checkpoint"] = os.path.join(out_dir, f"{prefix}checkpoint")
     save_checkpoint(data, paths["checkpoint"])
+    if nominal_checkpoint:
+        paths["nominal_checkpoint"] = os.path.join(out_dir, f"{prefix}nominal_checkpoint")
+        save_checkpoint(data.nominal_copy(), paths["nominal_checkpoint"])
     if ort_format:
         convert_to_ort([paths[k] for k in models])
     return paths

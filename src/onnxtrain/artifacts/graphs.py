@@ -56,7 +56,8 @@ def _to_eval_mode(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
                     a.i = 0
             del node.output[1:]
         elif node.op_type == "Dropout":
-            del node.input[2:]
+            if len(node.input) > 2:
+                node.input[2] = ""  # training_mode off; the slot stays, as in the peer's eval model
             del node.output[1:]
         out.append(node)
     return out
@@ -216,10 +217,11 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     infos = infer_tensor_info(_model(model, full, {}))
 
     gb = GraphBuilder(default_opset(model), taken=used_names(full), prefix="grad/")
-    grads = build_gradients(forward_nodes, loss_name, plan.trainable, gb, infos, constants=constant_values(full))
+    wrt = [*plan.trainable, *plan.inputs]
+    grads = build_gradients(forward_nodes, loss_name, wrt, gb, infos, constants=constant_values(full))
     acc = GraphBuilder(default_opset(model), taken=used_names(full) | {n.name for n in gb.nodes} |
                        {o for n in gb.nodes for o in n.output}, prefix="acc/")
-    grad_inputs, grad_outputs = _accumulate(acc, grads, plan.trainable, infos)
+    grad_inputs, grad_outputs = _accumulate(acc, grads, wrt, infos)
     buffer_outputs = _buffer_outputs(acc, forward_nodes, plan.buffers, infos, extras)
 
     extra_outputs = [_value_info(n, infos.get(n)) for n in extras]

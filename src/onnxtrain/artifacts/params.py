@@ -20,6 +20,7 @@ class ParameterPlan:
     trainable: list[str] = field(default_factory=list)
     frozen: list[str] = field(default_factory=list)
     buffers: list[str] = field(default_factory=list)  # updated by the training graph, not by gradients
+    inputs: list[str] = field(default_factory=list)   # graph inputs whose gradient is an output (onnxblock)
 
 
 def batchnorm_buffers(graph: onnx.GraphProto, initializers: set[str]) -> list[str]:

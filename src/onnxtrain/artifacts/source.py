@@ -11,9 +11,10 @@ from onnx import numpy_helper
 
 from onnxtrain.ir.passes import default_opset, node_inputs
 
-__all__ = ["SourceModel", "load_source_model", "MIN_OPSET"]
+__all__ = ["SourceModel", "load_source_model", "MIN_OPSET", "KEEP_OPSET_FROM"]
 
-MIN_OPSET = 17
+MIN_OPSET = 17        # the opset older models are converted to when onnxtrain cannot train them at theirs
+KEEP_OPSET_FROM = 13  # models from this opset on keep it (as the peer does); axes became inputs at 13
 
 
 @dataclass
@@ -42,8 +43,9 @@ def _read(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelProto, 
     raise TypeError(f"model must be an onnx.ModelProto or a path to an .onnx file, got {type(model).__name__}")
 
 
-def load_source_model(model: onnx.ModelProto | str | os.PathLike) -> SourceModel:
-    """Read ``model`` (a ModelProto or a path; external data is read from the model's folder)."""
+def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int = KEEP_OPSET_FROM) -> SourceModel:
+    """Read ``model`` (a ModelProto or a path; external data is read from the model's folder); a model below
+    ``min_opset`` is converted to :data:`MIN_OPSET`."""
     proto, base_dir = _read(model)
     if base_dir is None:  # the caller's model stays untouched (CopyFrom: 25x faster than a serialization)
         copy = onnx.ModelProto()
@@ -66,7 +68,7 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike) -> SourceModel
     if foreign:
         raise ValueError(f"the model uses ops outside the default ONNX domain, which stock onnxruntime "
                          f"artifacts cannot contain: {', '.join(foreign[:5])}")
-    if opset < MIN_OPSET:
+    if opset < min_opset:
         proto = _upgrade(proto, weights)
         opset = MIN_OPSET
     _unalias_initializers(proto.graph, weights)

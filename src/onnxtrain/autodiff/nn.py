@@ -16,7 +16,10 @@ Size = list  # spatial sizes: ints, or None for a dimension only known at run ti
 
 
 def _spatial_attrs(ctx: GradContext, kernel: list[int]):
-    """strides, dilations and explicit (begin..., end...) pads of a conv/pool node, auto_pad resolved."""
+    """strides, dilations and explicit (begin..., end...) pads of a conv/pool node, auto_pad resolved.
+
+    SAME padding with a stride pads by an amount that depends on the input size: when that size is only known
+    at run time, use :func:`_same_pads_at_run_time` (the Conv rule does) or refuse with a clear error."""
     n = len(kernel)
     strides = list(ctx.attr("strides") or [1] * n)
     dilations = list(ctx.attr("dilations") or [1] * n)
@@ -37,6 +40,30 @@ def _spatial_attrs(ctx: GradContext, kernel: list[int]):
     elif auto_pad == "VALID":
         pads = [0] * (2 * n)
     return strides, dilations, pads
+
+
+def _needs_run_time_pads(ctx: GradContext, kernel: list[int]) -> bool:
+    """SAME padding with a stride over an axis whose size is only known at run time."""
+    strides = list(ctx.attr("strides") or [1] * len(kernel))
+    return (ctx.attr("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER")
+            and any(size is None and s != 1 for size, s in zip(_spatial(ctx, ctx.x[0]), strides)))
+
+
+def _same_pads_at_run_time(ctx: GradContext, kernel: list[int]) -> str:
+    """The Pad-op pads (int64, begin and end of every axis) that SAME padding adds to X, computed from its shape:
+    total = max(0, (ceil(size / s) - 1) s + (k - 1) d + 1 - size), the odd one at the end (SAME_UPPER) or begin."""
+    op, b = ctx.op, ctx.b
+    n = len(kernel)
+    strides = list(ctx.attr("strides") or [1] * n)
+    dilations = list(ctx.attr("dilations") or [1] * n)
+    size = shape_of(b, ctx.x[0], 2, 2 + n)
+    s, reach = b.ints(strides), b.ints([(k - 1) * d + 1 for k, d in zip(kernel, dilations)])
+    out = op.Div(op.Add(size, op.Sub(s, b.ints([1] * n))), s)                   # ceil(size / s)
+    total = op.Max(op.Sub(op.Add(op.Mul(op.Sub(out, b.ints([1] * n)), s), reach), size), b.ints([0] * n))
+    small = op.Div(total, b.ints([2] * n))
+    big = op.Sub(total, small)
+    begin, end = (small, big) if ctx.attr("auto_pad") == "SAME_UPPER" else (big, small)
+    return op.Concat(b.ints([0, 0]), begin, b.ints([0, 0]), end, axis=0)
 
 
 def _spatial(ctx: GradContext, name: str) -> Size:
@@ -62,8 +89,21 @@ def conv(ctx: GradContext):
     dy, group = ctx.dy[0], ctx.attr("group", 1)
     w_shape = ctx.shape(w)
     kernel = list(w_shape[2:])
-    strides, dilations, pads = _spatial_attrs(ctx, kernel)
     n = len(kernel)
+    db = ctx.b.reduce("ReduceSum", dy, [0, *range(2, 2 + n)], keepdims=False) if bias is not None else None
+    if _needs_run_time_pads(ctx, kernel):
+        # The Conv of X padded at run time, without padding of its own: differentiate that, then crop dX.
+        pads = _same_pads_at_run_time(ctx, kernel)
+        padded = ctx.op.Pad(x, pads)
+        strides = list(ctx.attr("strides") or [1] * n)
+        dilations = list(ctx.attr("dilations") or [1] * n)
+        unknown = [None] * n
+        dx = _conv_input_gradient(ctx, dy, w, padded, w_shape, group, strides, dilations, [0] * (2 * n),
+                                  unknown, unknown)
+        dw = _conv_weight_grad(ctx, padded, dy, w_shape, strides, dilations, [0] * (2 * n), group, unknown,
+                               unknown, same_size=False, positions_like=None)
+        return ctx.op.Pad(dx, ctx.op.Neg(pads)), dw, db
+    strides, dilations, pads = _spatial_attrs(ctx, kernel)
     in_size, out_size = _spatial(ctx, x), _spatial(ctx, ctx.y[0])
 
     dx = _conv_input_gradient(ctx, dy, w, x, w_shape, group, strides, dilations, pads, in_size, out_size)
@@ -71,9 +111,6 @@ def conv(ctx: GradContext):
     same_size = all(k == 1 for k in kernel) and all(s == 1 for s in strides) and not any(pads)
     dw = _conv_weight_grad(ctx, x, dy, w_shape, strides, dilations, pads, group, in_size, out_size,
                            same_size=same_size, positions_like=None)
-    db = None
-    if bias is not None:
-        db = ctx.b.reduce("ReduceSum", dy, [0, *range(2, 2 + n)], keepdims=False)
     return dx, dw, db
 
 

@@ -133,32 +133,52 @@ def _basis_input(ctx: GradContext, x: str, a: int, stack: int, rank: int) -> tup
 
 # -- GridSample ---------------------------------------------------------------------------------------------
 
-def _unnormalize(ctx: GradContext, g: str, size: int, align: bool) -> tuple[str, float]:
-    """Pixel coordinate of a normalized coordinate in [-1, 1], and d(pixel)/d(normalized)."""
+def _unnormalize(ctx: GradContext, g: str, size: str, align: bool) -> tuple[str, str]:
+    """Pixel coordinate of a normalized coordinate in [-1, 1], and d(pixel)/d(normalized) (``size``: a scalar)."""
+    op = ctx.op
     k = lambda v: ctx.const_like(v, ctx.x[0])  # noqa: E731
     if align:   # -1 and 1 are the centers of the corner pixels
-        return ctx.op.Mul(ctx.op.Add(g, k(1.0)), k((size - 1) / 2)), (size - 1) / 2
-    return ctx.op.Div(ctx.op.Sub(ctx.op.Mul(ctx.op.Add(g, k(1.0)), k(float(size))), k(1.0)), k(2.0)), size / 2
+        scale = op.Div(op.Sub(size, k(1.0)), k(2.0))
+        return op.Mul(op.Add(g, k(1.0)), scale), scale
+    return op.Div(op.Sub(op.Mul(op.Add(g, k(1.0)), size), k(1.0)), k(2.0)), op.Div(size, k(2.0))
 
 
-def _pad_coordinate(ctx: GradContext, v: str, size: int, align: bool, padding: str) -> tuple[str, str | None]:
+def _pad_coordinate(ctx: GradContext, v: str, size: str, align: bool, padding: str) -> tuple[str, str | None]:
     """The coordinate the padding mode samples at, and its derivative (None for 1)."""
     op = ctx.op
     k = lambda val: ctx.const_like(val, ctx.x[0])  # noqa: E731
     if padding == "zeros":
         return v, None
+    last = op.Sub(size, k(1.0))
     if padding == "reflection":    # a triangle wave over [lo, hi]: lo + span * tri(t), t = (v - lo) / span
-        lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
-        span = hi - lo
-        t = op.Div(op.Sub(v, k(lo)), k(span))
+        lo = k(0.0) if align else k(-0.5)
+        span = last if align else size                                     # hi - lo
+        t = op.Div(op.Sub(v, lo), span)
         m = op.Sub(t, op.Mul(k(2.0), op.Floor(op.Div(t, k(2.0)))))           # t mod 2, in [0, 2)
-        v = op.Add(k(lo), op.Mul(k(span), op.Sub(k(1.0), op.Abs(op.Sub(m, k(1.0))))))
+        v = op.Add(lo, op.Mul(span, op.Sub(k(1.0), op.Abs(op.Sub(m, k(1.0))))))
         sign = op.Where(op.Less(m, k(1.0)), k(1.0), k(-1.0))
     else:
         sign = None
-    inside = op.And(op.Greater(v, k(0.0)), op.Less(v, k(size - 1.0)))
+    inside = op.And(op.Greater(v, k(0.0)), op.Less(v, last))
     slope = op.Where(inside, sign if sign is not None else k(1.0), k(0.0))
-    return op.Clip(v, k(0.0), k(size - 1.0)), slope
+    return op.Clip(v, k(0.0), last), slope
+
+
+def _spatial_sizes(ctx: GradContext, x: str) -> tuple[list[str], list[str]]:
+    """Per spatial axis of ``x``: its length as a scalar of x's type, and the flat-index stride (int64 scalar);
+    constants when the sizes are static, read from Shape(x) at run time otherwise."""
+    shape = ctx.shape(x)[2:]
+    if all(isinstance(d, int) for d in shape):
+        sizes = [ctx.const_like(float(d), x) for d in shape]
+        strides = [ctx.b.const(np.int64(np.prod(shape[a + 1:]))) for a in range(len(shape))]
+        return sizes, strides
+    op, b = ctx.op, ctx.b
+    lengths = [op.Reshape(shape_of(b, x, 2 + a, 3 + a), b.ints([])) for a in range(len(shape))]   # int64 scalars
+    sizes = [op.Cast(n, to=ctx.elem_type(x)) for n in lengths]
+    strides = [b.const(np.int64(1))]
+    for n in reversed(lengths[1:]):
+        strides.insert(0, op.Mul(strides[0], n))
+    return sizes, strides
 
 
 @register("GridSample")
@@ -178,9 +198,7 @@ def grid_sample(ctx: GradContext):
         raise ValueError(f"GridSample node {name!r}: gradients cover 2-D and 3-D sampling, linear (any padding), "
                          f"nearest (zeros or border) and cubic (zeros), not rank {rank}, mode={mode!r}, "
                          f"padding_mode={padding!r}")
-    spatial = list(ctx.shape(x)[2:])
-    if not all(isinstance(d, int) for d in spatial):
-        raise ValueError(f"GridSample node {name!r}: the gradient needs static spatial dimensions of X")
+    spatial, strides = _spatial_sizes(ctx, x)
     nd = len(spatial)
     k = lambda v: ctx.const_like(v, ctx.x[0])  # noqa: E731
     column = ctx.b.ints([0, 1, -1])
@@ -206,18 +224,18 @@ def grid_sample(ctx: GradContext):
             dws = [_product(ctx, [p[2], *(q[1] for b, q in enumerate(picked) if b != a)]) for a, p in enumerate(picked)]
             corners.append(([p[0] for p in picked], w, dws))
 
-    strides = [int(np.prod(spatial[a + 1:])) for a in range(nd)]
-    x_flat = op.Reshape(x, ctx.b.ints([0, 0, int(np.prod(spatial))]))           # (N, C, S)
+    x_flat = op.Reshape(x, ctx.b.ints([0, 0, -1]))                               # (N, C, S)
     dy_flat = op.Reshape(dy, ctx.b.ints([0, 0, -1]))                            # (N, C, L)
     target = op.Shape(dy_flat)
     positions, updates, dvs = [], [], [[] for _ in range(nd)]
     for corner, weight, dws in corners:
         valid, flat = None, None
         for a, (c, size) in enumerate(zip(corner, spatial)):
-            inside = op.And(op.GreaterOrEqual(c, k(0.0)), op.LessOrEqual(c, k(size - 1.0)))
+            last = op.Sub(size, k(1.0))
+            inside = op.And(op.GreaterOrEqual(c, k(0.0)), op.LessOrEqual(c, last))
             valid = inside if valid is None else op.And(valid, inside)
-            ci = op.Cast(op.Clip(c, k(0.0), k(size - 1.0)), to=onnx.TensorProto.INT64)
-            term = op.Mul(ci, ctx.b.const(np.int64(strides[a]))) if strides[a] != 1 else ci
+            ci = op.Cast(op.Clip(c, k(0.0), last), to=onnx.TensorProto.INT64)
+            term = ci if a == nd - 1 else op.Mul(ci, strides[a])
             flat = term if flat is None else op.Add(flat, term)
         index = op.Expand(flat, target)                                         # (N, C, L)
         # Out of range, zeros padding reads 0; the other modes clamp (and then the weight is 0 or it is inside).
@@ -237,7 +255,7 @@ def grid_sample(ctx: GradContext):
     grads = []
     for a in reversed(range(nd)):    # grid component j is spatial axis nd - 1 - j
         d = ctx.b.reduce("ReduceSum", op.Mul(dy_flat, op.Sum(*dvs[a])), [1], keepdims=True)     # (N, 1, L)
-        d = op.Mul(d, k(scales[a]))
+        d = op.Mul(d, scales[a])
         grads.append(ctx.b.unsqueeze(d if slopes[a] is None else op.Mul(d, slopes[a]), [-1]))
     return dx, op.Reshape(op.Concat(*grads, axis=-1), op.Shape(grid))
 

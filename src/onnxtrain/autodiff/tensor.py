@@ -12,7 +12,7 @@ import onnx
 
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.registry import register
-from onnxtrain.autodiff.shape import _flat_positions, _scatter_back, scatter_add
+from onnxtrain.autodiff.shape import _flat_positions, _scatter_back, scatter_add, shape_of
 from onnxtrain.ir.types import np_dtype
 
 
@@ -131,13 +131,17 @@ def depth_to_space(ctx: GradContext):
     x, blocksize = ctx.x[0], ctx.attr("blocksize")
     if ctx.attr("mode", "DCR") == "DCR":
         return (ctx.op.SpaceToDepth(ctx.dy[0], blocksize=blocksize),)
+    b, op = blocksize, ctx.op
     _, c, h, w = ctx.shape(x)
-    if not all(isinstance(d, int) for d in (c, h, w)):
-        raise ValueError(f"DepthToSpace node {ctx.node.name!r}: the CRD gradient needs static C, H, W")
-    b = blocksize
-    view = ctx.op.Reshape(ctx.dy[0], ctx.b.ints([-1, c // (b * b), h, b, w, b]))       # (N, C', H, b, W, b)
-    view = ctx.op.Transpose(view, perm=[0, 1, 3, 5, 2, 4])                           # (N, C', b, b, H, W)
-    return (ctx.op.Reshape(view, ctx.b.ints([-1, c, h, w])),)
+    if all(isinstance(d, int) for d in (c, h, w)):
+        view_shape, back = ctx.b.ints([-1, c // (b * b), h, b, w, b]), ctx.b.ints([-1, c, h, w])
+    else:   # the same shapes, read at run time: (N, C/b^2, H, b, W, b), then X's shape
+        n_c, hw = shape_of(ctx.b, x, 0, 2), [shape_of(ctx.b, x, i, i + 1) for i in (2, 3)]
+        n_c = op.Div(n_c, ctx.b.ints([1, b * b]))
+        view_shape, back = op.Concat(n_c, hw[0], ctx.b.ints([b]), hw[1], ctx.b.ints([b]), axis=0), op.Shape(x)
+    view = op.Reshape(ctx.dy[0], view_shape)                                          # (N, C', H, b, W, b)
+    view = op.Transpose(view, perm=[0, 1, 3, 5, 2, 4])                               # (N, C', b, b, H, W)
+    return (op.Reshape(view, back),)
 
 
 # -- scatters and their gathers: dUpdates reads dY where the updates went; dData loses what they overwrote --
@@ -185,7 +189,7 @@ def gather_nd(ctx: GradContext):
         return scatter_add(ctx, _zeros(ctx, data), indices, dy, nd=True), None
     dshape, ishape = ctx.info(data).static_shape, ctx.info(indices).static_shape
     if dshape is None or ishape is None:
-        raise ValueError(f"GatherND node {ctx.node.name!r}: the gradient with batch_dims needs static shapes")
+        return _gather_nd_batched_dynamic(ctx, batch), None
     n = int(np.prod(dshape[:batch]))
     inner = [n, *ishape[batch:-1]]
     coords = np.broadcast_to(np.arange(n).reshape([n] + [1] * (len(inner) - 1) + [1]), [*inner, 1])
@@ -194,6 +198,28 @@ def gather_nd(ctx: GradContext):
     zeros = ctx.b.const(np.zeros([n, *dshape[batch:]], dtype=np_dtype(ctx.elem_type(data))))
     flat_dy = op.Reshape(dy, ctx.b.ints([*inner, *dshape[batch + ishape[-1]:]]))
     return op.Reshape(scatter_add(ctx, zeros, full, flat_dy, nd=True), ctx.b.ints(dshape)), None
+
+
+def _gather_nd_batched_dynamic(ctx: GradContext, batch: int) -> str:
+    """GatherND's dData with batch_dims and shapes known at run time: the same folding of the batch axes into
+    one, with every shape read from the tensors."""
+    data, indices = ctx.x
+    op, b = ctx.op, ctx.b
+    i64 = onnx.TensorProto.INT64
+
+    def fold(t: str) -> str:   # the batch axes become one leading axis
+        return op.Reshape(t, op.Concat(b.ints([-1]), shape_of(b, t, batch), axis=0))
+
+    index = op.Cast(fold(indices), to=i64)                                        # (n, *inner, k)
+    inner_rank = ctx.rank(indices) - batch                                        # rank of index minus 1
+    n = shape_of(b, index, 0, 1)
+    coords = op.Reshape(op.Range(b.const(np.int64(0)), op.Reshape(n, b.ints([])), b.const(np.int64(1))),
+                        op.Concat(n, b.ints([1] * inner_rank), axis=0))
+    coords = op.Expand(coords, op.Concat(shape_of(b, index, 0, inner_rank), b.ints([1]), axis=0))
+    full = op.Concat(coords, index, axis=-1)
+    zeros = op.ConstantOfShape(op.Concat(n, shape_of(b, data, batch), axis=0),
+                               value=onnx.numpy_helper.from_array(np.zeros(1, dtype=np_dtype(ctx.elem_type(data)))))
+    return op.Reshape(scatter_add(ctx, zeros, full, fold(ctx.dy[0]), nd=True), op.Shape(data))
 
 
 # -- Einsum --------------------------------------------------------------------------------------------------
@@ -247,7 +273,9 @@ def einsum(ctx: GradContext):
         if summed:
             g = ctx.b.reduce("ReduceSum", g, list(range(summed)), keepdims=False)
             first = first[1:]
-        grads.append(_place(ctx, g, target, first, x, _ellipsis_shape(ctx, operands) if "..." in first else None))
+        ell_rank = max((len(_ellipsis_dims(ctx, term, name)) for term, name in operands if "..." in term), default=0)
+        grads.append(_place(ctx, g, target, first, x, _ellipsis_shape(ctx, operands) if "..." in first else None,
+                            ell_rank))
     return grads
 
 
@@ -266,10 +294,29 @@ def _ellipsis_shape(ctx: GradContext, operands: list[tuple[list[str], str]]) -> 
     return tuple(np.broadcast_shapes(*dims))
 
 
-def _place(ctx: GradContext, g: str, target: list[str], first: list[str], x: str, ell_shape: tuple | None) -> str:
+def _diagonal_mask(ctx: GradContext, x: str, a: int, b: int) -> str:
+    """Ones where index a equals index b (two axes of ``x`` of the same length n), zeros elsewhere, shaped with
+    n at axes a and b and 1 elsewhere; built at run time when n is not static."""
+    rank, n = ctx.rank(x), ctx.shape(x)[a]
+    dtype = np_dtype(ctx.elem_type(x))
+    if isinstance(n, int):
+        mshape = [1] * rank
+        mshape[a], mshape[b] = n, n
+        return ctx.b.const(np.eye(n, dtype=dtype).reshape(mshape))
+    op = ctx.op
+    length = shape_of(ctx.b, x, a, a + 1)
+    square = op.ConstantOfShape(op.Concat(length, length, axis=0),
+                                value=onnx.numpy_helper.from_array(np.zeros(1, dtype=dtype)))
+    pieces = [length if i in (a, b) else ctx.b.ints([1]) for i in range(rank)]
+    return op.Reshape(op.EyeLike(square), op.Concat(*pieces, axis=0))
+
+
+def _place(ctx: GradContext, g: str, target: list[str], first: list[str], x: str, ell_shape: tuple | None,
+           ell_rank: int) -> str:
     """Lay ``g`` (subscripts ``first``) out as ``x`` (subscripts ``target``): new axes, diagonals, broadcast.
 
-    ``ell_shape`` is the shape "..." has in ``g``; where ``x`` was broadcast along it, sum it back.
+    ``ell_shape`` is the shape "..." has in ``g`` (None if not static), ``ell_rank`` its length; where ``x``
+    was broadcast along it, sum it back.
     """
     rank = ctx.rank(x)
     ell = rank - (len(target) - ("..." in target))               # number of axes "..." stands for in x
@@ -287,18 +334,18 @@ def _place(ctx: GradContext, g: str, target: list[str], first: list[str], x: str
     for t, occ in axes_of.items():
         if t == "..." or len(occ) == 1 or t not in kept:
             continue
-        n = shape[occ[0][0]]
-        if not isinstance(n, int):
-            raise ValueError(f"Einsum node {ctx.node.name!r}: a repeated label needs a static size")
         for extra in occ[1:]:    # mask to the diagonal of the first and this occurrence
-            mshape = [1] * rank
-            mshape[occ[0][0]], mshape[extra[0]] = n, n
-            eye = np.eye(n, dtype=np_dtype(ctx.elem_type(x))).reshape(mshape)
-            g = ctx.op.Mul(g, ctx.b.const(eye))
+            g = ctx.op.Mul(g, _diagonal_mask(ctx, x, occ[0][0], extra[0]))
     at = target.index("...") if "..." in target else 0
-    if ell_shape is None or tuple(shape[at:at + ell]) == tuple(ell_shape):
+    if "..." not in first or (ell_shape is not None and tuple(shape[at:at + ell]) == tuple(ell_shape)):
         return ctx.op.Expand(g, _static_or_shape(ctx, x))
-    grad_shape = [*shape[:at], *ell_shape, *shape[at + ell:]]
-    if not all(isinstance(d, int) for d in grad_shape):
-        raise ValueError(f"Einsum node {ctx.node.name!r}: a broadcast '...' needs static shapes")
-    return ctx.unbroadcast(ctx.op.Expand(g, ctx.b.ints(grad_shape)), x, grad_shape=grad_shape)
+    if ell_shape is not None:
+        grad_shape = [*shape[:at], *ell_shape, *shape[at + ell:]]
+        if all(isinstance(d, int) for d in grad_shape):
+            return ctx.unbroadcast(ctx.op.Expand(g, ctx.b.ints(grad_shape)), x, grad_shape=grad_shape)
+    if at:
+        raise ValueError(f"Einsum node {ctx.node.name!r}: a '...' after other subscripts, broadcast between the "
+                         f"operands, needs static shapes")
+    # "..." leads and may be broadcast in x: expand to the broadcast shape, then sum back over what x broadcast.
+    broadcast_rank = max(rank, ell_rank + len(target) - 1)
+    return ctx.unbroadcast(ctx.op.Expand(g, ctx.op.Shape(x)), x, grad_shape=[None] * broadcast_rank)

@@ -9,6 +9,7 @@ from onnxtrain.blocks.ops import (
     Constant,
     Div,
     Exp,
+    Identity,
     Log,
     Mul,
     Neg,
@@ -27,6 +28,6 @@ __all__ = [
     "Block", "BuildContext", "building", "current",
     "MSELoss", "L1Loss", "HuberLoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "NLLLoss",
     "Abs", "Add", "Clip", "Constant", "Div", "Exp", "Log", "Mul", "Neg", "Pow", "ReduceMean", "ReduceSum", "Relu",
-    "Sigmoid", "Sqrt", "Sub", "reduce",
+    "Sigmoid", "Sqrt", "Sub", "Identity", "reduce",
     "Optimizer", "OptimizerInputs", "AdamW", "Adam", "SGD",
 ]

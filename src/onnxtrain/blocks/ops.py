@@ -9,8 +9,8 @@ import numpy as np
 from onnxtrain.blocks.base import Block, current
 from onnxtrain.ir.types import np_dtype
 
-__all__ = ["Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Exp", "Log", "Sqrt", "Sigmoid", "Relu", "Constant",
-           "ReduceMean", "ReduceSum", "Clip", "reduce"]
+__all__ = ["Identity", "Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Exp", "Log", "Sqrt", "Sigmoid", "Relu",
+           "Constant", "ReduceMean", "ReduceSum", "Clip", "reduce"]
 
 
 def _operand(value, like: str) -> str:
@@ -19,6 +19,13 @@ def _operand(value, like: str) -> str:
         return value
     ctx = current()
     return ctx.builder.const(np.asarray(value, dtype=np_dtype(ctx.info(like).elem_type)))
+
+
+class Identity(Block):
+    """Its input, unchanged (``generate_artifacts(loss=None)``: the model's output already is the loss)."""
+
+    def build(self, x: str) -> str:
+        return x
 
 
 class _Binary(Block):

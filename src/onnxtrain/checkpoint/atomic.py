@@ -4,7 +4,9 @@ The bytes go to a temporary file in the target's directory (same file system, so
 which is flushed and fsync'ed, renamed onto the target with ``os.replace``, and then the directory is
 fsync'ed so the rename itself survives a power loss. On any error the temporary file is removed. Only a
 hard crash (power loss, SIGKILL) mid-write can leave a ``.<name>.<random>.tmp`` file behind; the target
-is intact either way.
+is intact either way, and the next save or load of the target removes such leftovers
+(:func:`clear_stale_temps`): on POSIX a writer holds an advisory lock on its temporary file until the
+rename, so a file nobody holds is a dead writer's.
 """
 
 from __future__ import annotations
@@ -12,9 +14,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
+import time
 
-__all__ = ["atomic_write"]
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, so leftovers are never judged stale
+    fcntl = None
+
+__all__ = ["atomic_write", "clear_stale_temps"]
+
+# A temporary file younger than this is never removed: its writer may not have locked it yet.
+_GRACE_SECONDS = 5.0
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
@@ -31,18 +43,55 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | bytearray | memoryv
         raise IsADirectoryError(errno.EISDIR, "cannot save over a directory", target)
     if not os.path.isdir(directory):
         raise FileNotFoundError(errno.ENOENT, "cannot save: the directory does not exist", directory)
+    clear_stale_temps(target)
     temp, fd = _create_temp(directory, name)
     try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held until the rename: this file has a live writer
         with os.fdopen(fd, "wb") as file:
             file.write(data)
             file.flush()
             os.fsync(file.fileno())
-        os.replace(temp, target)
+            if fcntl is not None:
+                os.replace(temp, target)
+        if fcntl is None:  # Windows cannot rename a file that is open
+            os.replace(temp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
     _fsync_directory(directory)
+
+
+def clear_stale_temps(path: str | os.PathLike[str]) -> list[str]:
+    """Remove the ``.<name>.<random>.tmp`` files beside ``path`` that no live writer holds (a crashed save's
+    leftovers); returns their paths. Files that cannot be inspected or removed are left alone."""
+    if fcntl is None:
+        return []
+    directory, name = os.path.split(os.path.abspath(os.fspath(path)))
+    pattern = re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{8}}\.tmp")
+    try:
+        entries = [e for e in os.listdir(directory) if pattern.fullmatch(e)]
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        temp = os.path.join(directory, entry)
+        try:
+            fd = os.open(temp, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            if time.time() - os.fstat(fd).st_mtime < _GRACE_SECONDS:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while a live writer holds it
+            os.unlink(temp)
+            removed.append(temp)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return removed
 
 
 def _create_temp(directory: str, name: str) -> tuple[str, int]:

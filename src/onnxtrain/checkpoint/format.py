@@ -15,7 +15,7 @@ import os
 import numpy as np
 import safetensors.numpy
 
-from onnxtrain.checkpoint.atomic import atomic_write
+from onnxtrain.checkpoint.atomic import atomic_write, clear_stale_temps
 from onnxtrain.checkpoint.data import CheckpointData, TensorSpec, split_tensor_key
 from onnxtrain.checkpoint.header import Header, read_header, read_tensors
 from onnxtrain.checkpoint.metadata import (
@@ -70,6 +70,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> CheckpointData:
             format version. The message names the file and the defect.
     """
     where = f"checkpoint {os.fspath(path)!r}"
+    clear_stale_temps(path)
     try:
         with open(path, "rb", buffering=0) as file:
             header = read_header(file, os.fstat(file.fileno()).st_size, where)

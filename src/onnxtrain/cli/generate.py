@@ -78,7 +78,8 @@ def add_parser(sub) -> None:
     g.add_argument("--additional-outputs", nargs="*", metavar="NAME",
                    help="model values returned after the loss (default: the loss input, so that train and eval "
                         "can compute accuracy; give the option with no names for none)")
-    g.add_argument("--nominal", action="store_true", help="a nominal checkpoint (names, dtypes and shapes only)")
+    g.add_argument("--nominal", action="store_true",
+                   help="also write nominal_checkpoint (names, dtypes and shapes only)")
     g.add_argument("--ort-format", action="store_true", help="also write .ort files")
     add_train_options(p)
     p.set_defaults(run=run)

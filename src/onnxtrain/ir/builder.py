@@ -65,6 +65,10 @@ class GraphBuilder:
         self._taken.add(name)
         return name
 
+    def take(self, names: Iterable[str]) -> None:
+        """Mark ``names`` as used (names that joined the graph after the builder was made)."""
+        self._taken.update(names)
+
     def node(self, op_type: str, inputs: Sequence[str | None], outputs: int | Sequence[str] = 1,
              name: str | None = None, **attrs: Any) -> Any:
         """Append one node; returns its output name, or a list of names for several outputs."""

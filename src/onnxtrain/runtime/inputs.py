@@ -26,6 +26,8 @@ def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what
     symbols: dict[str, int] = {}
     for meta, value in zip(metas, values):
         array = np.asarray(value)
+        if meta.dtype == object and array.dtype.kind == "U":  # string tensors: onnxruntime takes object arrays
+            array = array.astype(object)
         if array.dtype != meta.dtype:
             raise InputError(f"{what}: input {meta.name!r} expects dtype {meta.dtype}, got {array.dtype} "
                              f"(expected {describe(meta)}, got {array.dtype}{list(array.shape)})")

@@ -204,6 +204,7 @@ class Module:
         return [m.name for m in self._eval.outputs] if self._eval else []
 
     def __call__(self, *user_inputs):
+        self._state.require_loaded()
         ort_values = any(type(v).__name__ == "OrtValue" for v in user_inputs)
         arrays = [v.numpy() if type(v).__name__ == "OrtValue" else v for v in user_inputs]
         outputs = self._train_step(arrays) if self.training else self._eval_step(arrays)
@@ -328,6 +329,7 @@ class Module:
     def get_contiguous_parameters(self, trainable_only: bool = False):
         """All parameters (trainable, then frozen unless ``trainable_only``) as one flat OrtValue."""
         st = self._state
+        st.require_loaded()
         flat = st._params.current
         if not trainable_only and st._frozen:
             flat = np.concatenate([flat, *(a.ravel() for a in st._frozen.values())])
@@ -350,6 +352,7 @@ class Module:
             for a in st._frozen.values():
                 a[...] = flat[offset:offset + a.size].reshape(a.shape)
                 offset += a.size
+        st.mark_loaded([*st._params.offsets, *([] if trainable_only else st._frozen)])
 
     def export_model_for_inferencing(self, inference_model_uri: str | os.PathLike,
                                      graph_output_names: list[str] | None = None) -> None:

@@ -105,6 +105,7 @@ class Optimizer:
     def step(self) -> None:
         """One update of every trainable parameter (skipped, with a warning, if the gradients are not finite)."""
         module, state = self._module, self._module._state
+        state.require_loaded()
         prepared = module._take_pending_update() == self._update_key()
         if not module._last_loss_finite:
             return self._skip("the loss is not finite")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -45,30 +45,52 @@ class Parameter:
                 f"requires_grad={self.requires_grad})")
 
 
-class Parameters(Mapping[str, Parameter]):
-    """``state.parameters[name]`` -> Parameter; ``state.parameters[name] = array`` sets its value."""
+class Parameters:
+    """``state.parameters[name]`` -> Parameter; ``state.parameters[name] = array`` sets its value.
+
+    As the peer's, iterating yields ``(name, Parameter)`` pairs (``for name, param in state.parameters``);
+    ``name in state.parameters``, ``len``, ``keys()``, ``values()`` and ``items()`` work as for a dict.
+    """
 
     def __init__(self, state: CheckpointState):
         self._state = state
 
     def __getitem__(self, name: str) -> Parameter:
-        if name not in self._state._params and name not in self._state._frozen:
+        if name not in self:
             raise KeyError(f"no parameter named {name!r}; the checkpoint has {len(self)} parameters "
-                           f"(e.g. {list(self)[:5]})")
+                           f"(e.g. {self.keys()[:5]})")
+        if name in self._state._unloaded:
+            raise RuntimeError(f"Please load the parameter states first: {name!r} comes from a nominal checkpoint "
+                               "(shapes only); Module.copy_buffer_to_parameters(buffer) loads the values")
         return Parameter(self._state, name)
 
     def __setitem__(self, name: str, value: np.ndarray) -> None:
+        if self._state._unloaded:
+            raise RuntimeError("Please load all the parameter states first: the checkpoint is nominal (shapes "
+                               "only); Module.copy_buffer_to_parameters(buffer, trainable_only=False) loads them")
         self[name].data = value
 
-    def __iter__(self) -> Iterator[str]:
-        yield from self._state._params.offsets
-        yield from self._state._frozen
+    def __contains__(self, name: object) -> bool:
+        return name in self._state._params.offsets or name in self._state._frozen
+
+    def keys(self) -> list[str]:
+        """Trainable parameter names, then frozen ones."""
+        return [*self._state._params.offsets, *self._state._frozen]
+
+    def values(self) -> list[Parameter]:
+        return [self[n] for n in self.keys()]
+
+    def items(self) -> list[tuple[str, Parameter]]:
+        return [(n, self[n]) for n in self.keys()]
+
+    def __iter__(self) -> Iterator[tuple[str, Parameter]]:
+        return iter(self.items())
 
     def __len__(self) -> int:
         return len(self._state._params.offsets) + len(self._state._frozen)
 
     def __repr__(self) -> str:
-        return f"Parameters({list(self)})"
+        return f"Parameters({self.keys()})"
 
 
 class Buffers(Mapping[str, np.ndarray]):
@@ -100,8 +122,12 @@ class Buffers(Mapping[str, np.ndarray]):
         return len(self._state._buffers)
 
 
-class Properties(MutableMapping[str, "int | float | str"]):
-    """The checkpoint's property bag: int, float and str values."""
+class Properties:
+    """The checkpoint's property bag: int, float and str values.
+
+    As the peer's, iterating yields ``(name, value)`` pairs; ``in``, ``len``, ``get``, ``keys()``, ``values()``
+    and ``items()`` work as for a dict.
+    """
 
     def __init__(self, values: dict):
         self._values = values
@@ -121,8 +147,23 @@ class Properties(MutableMapping[str, "int | float | str"]):
     def __delitem__(self, key: str) -> None:
         del self._values[key]
 
-    def __iter__(self):
-        return iter(self._values)
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+    def get(self, key: str, default=None):
+        return self._values.get(key, default)
+
+    def keys(self) -> list[str]:
+        return list(self._values)
+
+    def values(self) -> list:
+        return list(self._values.values())
+
+    def items(self) -> list[tuple[str, int | float | str]]:
+        return list(self._values.items())
+
+    def __iter__(self) -> Iterator[tuple[str, int | float | str]]:
+        return iter(self.items())
 
     def __len__(self) -> int:
         return len(self._values)
@@ -135,7 +176,8 @@ class CheckpointState:
     """Parameters, buffers, optimizer state and properties, held in flat buffers shared with the Module."""
 
     def __init__(self, data: CheckpointData):
-        if data.nominal:
+        nominal = data.nominal
+        if nominal:
             data = data.materialize()
         layout = [(n, a.shape) for n, a in data.trainable.items()]
         dtypes = {a.dtype for a in data.trainable.values()} or {np.dtype(np.float32)}
@@ -153,6 +195,8 @@ class CheckpointState:
         self._mutations = 0  # parameter writes through the API (an update prepared before one is stale)
         self.step = data.step
         self._properties = dict(data.properties)
+        # Parameters of a nominal checkpoint that hold no value yet (Module.copy_buffer_to_parameters loads them).
+        self._unloaded: set[str] = {*data.trainable, *data.frozen} if nominal else set()
         self.parameters = Parameters(self)
         self.buffers = Buffers(self)
         self.properties = Properties(self._properties)
@@ -171,6 +215,17 @@ class CheckpointState:
                         include_optimizer_state=include_optimizer_state)
 
     # -- internals shared with Module and Optimizer -------------------------------------------------------
+    def require_loaded(self) -> None:
+        """Raise unless every parameter has a value (a nominal checkpoint has none until they are copied in)."""
+        if self._unloaded:
+            raise RuntimeError(f"Please load the model parameters first. The checkpoint is nominal (shapes only): "
+                               f"{len(self._unloaded)} parameters have no value; "
+                               "Module.copy_buffer_to_parameters(buffer, trainable_only=False) loads them")
+
+    def mark_loaded(self, names) -> None:
+        """Record that ``names`` now hold real values."""
+        self._unloaded.difference_update(names)
+
     def to_data(self, include_optimizer_state: bool = True) -> CheckpointData:
         optimizer = {}
         if include_optimizer_state:

@@ -81,6 +81,8 @@ class OrtSession(Session):
     def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], fetch: list[str],
             state: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
         state = {k: v for k, v in (state or {}).items() if k in self.input_names}
+        if any(np.asarray(a).dtype == object for a in feeds.values()):
+            return self._run_unbound(feeds, out, fetch, state)
         key = (*map(id, state.values()), *map(id, out.values()), *out)
         binding = self._bindings.get(key)
         if binding is None:
@@ -105,3 +107,12 @@ class OrtSession(Session):
             return []
         by_name = dict(zip(binding.output_order, io.get_outputs()))
         return [by_name[n].numpy() for n in fetch]
+
+    def _run_unbound(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], fetch: list[str],
+                     state: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """IOBindings cannot bind string tensors: run with plain feeds and copy the outputs into ``out``."""
+        feeds = {k: v for k, v in feeds.items() if k in self.input_names}
+        results = self._session.run([*out, *fetch], {**state, **feeds})
+        for target, value in zip(out.values(), results):
+            target[...] = value
+        return results[len(out):]

@@ -1,0 +1,29 @@
+"""``onnxtrain.onnxblock``: the names and behaviour of ``onnxruntime.training.onnxblock``, on onnxtrain.
+
+    import onnxtrain.onnxblock as onnxblock      # was: import onnxruntime.training.onnxblock as onnxblock
+
+    class Model(onnxblock.TrainingBlock):
+        def __init__(self):
+            super().__init__()
+            self.loss = onnxblock.loss.CrossEntropyLoss()
+
+        def build(self, output_name):
+            return self.loss(output_name)
+
+    block = Model()
+    with onnxblock.base(forward_model):
+        block(forward_model.graph.output[0].name)
+    training_model, eval_model = block.to_model_proto()
+    onnxblock.save_checkpoint(block.parameters(), "checkpoint")
+
+This is offline-phase code; the blocks are :mod:`onnxtrain.blocks` under the peer's names and arguments.
+"""
+
+from onnxtrain.onnxblock import blocks, loss, optim
+from onnxtrain.onnxblock.blocks import Block
+from onnxtrain.onnxblock.checkpoint_utils import load_checkpoint_to_model, save_checkpoint
+from onnxtrain.onnxblock.model_accessor import base, empty_base
+from onnxtrain.onnxblock.onnxblock import ForwardBlock, TrainingBlock
+
+__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "empty_base", "blocks", "loss", "optim",
+           "save_checkpoint", "load_checkpoint_to_model"]

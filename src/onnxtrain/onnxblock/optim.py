@@ -1,0 +1,93 @@
+"""``onnxblock.optim``: the peer's optimizer blocks (``AdamW``, ``SGD``, ``ClipGradNorm``) over tensor sequences.
+
+The optimizer model takes ``learning_rate`` (float [1]), ``step`` (int64 [1], AdamW only) and the sequences
+``params``, ``gradients`` (and ``first_order_moments``, ``second_order_moments`` for AdamW), as the peer's.
+The update is onnxtrain's (:mod:`onnxtrain.blocks.optim`) applied to the concatenation of every tensor, in
+standard ONNX ops; the updated sequences are the outputs ``params.out`` (and ``first_order_moments.out``,
+``second_order_moments.out``). The block returns the name of ``updated_flag`` (bool [1], True), as the peer's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx
+from onnx import helper
+
+from onnxtrain import conventions as names
+from onnxtrain.blocks import optim as _optim
+from onnxtrain.blocks.base import current
+from onnxtrain.onnxblock._sequences import constant_true, flatten, sequence_input, unflatten
+from onnxtrain.onnxblock.blocks import Block
+
+__all__ = ["ClipGradNorm", "AdamW", "SGD"]
+
+UPDATED_FLAG = "updated_flag"
+
+
+class ClipGradNorm(Block):
+    """Scale a sequence of gradients so that their global L2 norm is at most ``max_norm``
+    (``torch.nn.utils.clip_grad_norm_``); returns the name of the clipped sequence."""
+
+    def __init__(self, max_norm: float):
+        super().__init__()
+        self.max_norm = max_norm
+
+    def build(self, gradients_name: str, elem_type: int = onnx.TensorProto.FLOAT) -> str:
+        clipped = _optim.Optimizer(max_norm=self.max_norm).clip(flatten(gradients_name, elem_type))
+        return unflatten(clipped, gradients_name, elem_type)
+
+
+class _SequenceOptimizer(Block):
+    """Shared by AdamW and SGD: declare the inputs, clip, update the flat vectors, split them back."""
+
+    states: tuple[str, ...] = ()
+    uses_step = False
+
+    def __init__(self, rule: _optim.Optimizer, clip_grad: ClipGradNorm | None):
+        super().__init__()
+        self._rule, self._clip_grad = rule, clip_grad
+
+    def build(self, parameters: tuple[Sequence[onnx.TensorProto], Sequence[onnx.TensorProto]]) -> str:
+        trainable, _ = parameters
+        if not trainable:
+            raise ValueError(f"{type(self).__name__}: there are no trainable parameters to optimize")
+        ctx = current()
+        elem = trainable[0].data_type
+        lr = ctx.require_input(names.LEARNING_RATE, onnx.TensorProto.FLOAT, [1])
+        step = ctx.require_input(names.STEP, onnx.TensorProto.INT64, [1]) if self.uses_step else None
+        seqs = {n: sequence_input(n, elem) for n in (names.PARAMS, names.GRADIENTS, *self.states)}
+        gradients = seqs[names.GRADIENTS]
+        if self._clip_grad is not None:
+            gradients = self._clip_grad(gradients, elem)
+        op = self.op
+        flat_step = op.Cast(step, to=onnx.TensorProto.FLOAT) if step else None
+        rule_states = dict(zip(self._rule.state_names, (flatten(seqs[s], elem) for s in self.states)))
+        new_params, new_states = self._rule.update(flatten(seqs[names.PARAMS], elem), flatten(gradients, elem),
+                                                   rule_states, lr, flat_step)
+        outputs = {names.PARAMS: new_params,
+                   **{s: new_states[r] for s, r in zip(self.states, self._rule.state_names)}}
+        model_outputs = [helper.make_tensor_value_info(constant_true(UPDATED_FLAG), onnx.TensorProto.BOOL, [1])]
+        for seq, flat in outputs.items():
+            out = unflatten(flat, seqs[names.PARAMS], elem, output=names.output_name(seq))
+            model_outputs.append(helper.make_tensor_sequence_value_info(out, elem, None))
+        self.base.graph.output.extend(model_outputs)
+        return UPDATED_FLAG
+
+
+class AdamW(_SequenceOptimizer):
+    """AdamW as the peer's (epsilon outside the bias correction; see :class:`onnxtrain.blocks.AdamW`)."""
+
+    states = ("first_order_moments", "second_order_moments")
+    uses_step = True
+
+    def __init__(self, bias_correction: bool = True, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.0, clip_grad: ClipGradNorm | None = None):
+        super().__init__(_optim.AdamW(bias_correction, betas, eps, weight_decay), clip_grad)
+
+
+class SGD(_SequenceOptimizer):
+    """Plain stochastic gradient descent: ``p -= learning_rate * g``."""
+
+    def __init__(self, clip_grad: ClipGradNorm | None = None):
+        super().__init__(_optim.SGD(), clip_grad)
