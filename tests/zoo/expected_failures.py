@@ -13,12 +13,19 @@ _EVAL_BATCHNORM = ("AssertionError: the other gradients match, but these non-par
 _SEQUENCE_AT = "UnsupportedOpError: no gradient rule for op 'SequenceAt' (domain 'ai.onnx')"
 
 
-def _eval_batchnorm(*models: str) -> dict:
-    return {(m, e, c): _EVAL_BATCHNORM for m in models for e in ("torchscript-eval", "dynamo")
-            for c in ("base", "batch", "size")}
+# ... and AdamW then drives a running variance negative: NaN loss from the second step on
+_EVAL_BATCHNORM_NAN = ("AssertionError: non-finite losses [1.69, 257.4, nan, ...] "
+                       "(eval-mode BatchNorm statistics trained)")
+
+
+def _eval_batchnorm(*models: str, diverges: bool = False) -> dict:
+    checks = ("base", "batch", "size", "trains", "exports") if diverges else ("base", "batch", "size")
+    return {(m, e, c): _EVAL_BATCHNORM_NAN if c in ("trains", "exports") else _EVAL_BATCHNORM
+            for m in models for e in ("torchscript-eval", "dynamo") for c in checks}
 
 
 EXPECTED_FAILURES: dict[tuple[str, ...], str] = {
     ("gpt2", "dynamo"): _SEQUENCE_AT,
     **_eval_batchnorm("resnet18"),
+    **_eval_batchnorm("mobilenet_v3_small", diverges=True),
 }

@@ -2,6 +2,8 @@
 
     python -m tests.zoo.report                      # every model (about 20-30 minutes on 2 cores)
     python -m tests.zoo.report --models resnet18,bert --out /tmp/models.md
+    python -m tests.zoo.report --results zoo.json    # keeps results per model; rerun to resume after a stop
+    python -m tests.zoo.report --results zoo.json --no-run   # only rewrite the table
 
 Each model runs in its own process (``--one NAME --json PATH``): an export that crashes or hangs costs only
 its own row, and timings are not disturbed by the previous model's memory. Where the fully dynamic export
@@ -184,6 +186,7 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default=",".join(ZOO), help="comma-separated model names")
     parser.add_argument("--out", default=str(ROOT / "docs" / "models.md"))
     parser.add_argument("--results", help="also write the raw results (JSON) here")
+    parser.add_argument("--no-run", action="store_true", help="only write the table from --results")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -197,7 +200,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            if name in results:
+            if name in results or args.no_run:
                 continue
             out = Path(tmp) / f"{name}.json"
             began = time.perf_counter()
