@@ -342,7 +342,7 @@ def check_exports(run: Run, folder: Path) -> None:
         opt.step()
         module.lazy_reset_grad()
     reference = run.torch_model(torch.float32, training=False)
-    weights = {n: state.parameters[n].data for n in state.parameters}
+    weights = {n: p.data for n, p in state.parameters}  # (name, Parameter) pairs, as the peer's API
     weights.update({n: state.buffers[n] for n in state.buffers})
     known = dict(reference.named_parameters()) | dict(reference.named_buffers())
     with torch.no_grad():
