@@ -9,8 +9,12 @@ that passes fails the run. docs/models.md (python -m tests.zoo.report) has the w
 # (artifacts/params.py: batchnorm_buffers only knows training-mode nodes); the other gradients match torch.
 _EVAL_BATCHNORM = ("AssertionError: the other gradients match, but these non-parameters are trained: "
                    "['bn1.running_mean', 'bn1.running_var', ...] (eval-mode BatchNorm statistics)")
-# the dynamo exporter writes torch.split as SplitToSequence + SequenceAt (optimize=False)
+# the dynamo exporter writes torch.split / chunk as SplitToSequence + SequenceAt (optimize=False)
 _SEQUENCE_AT = "UnsupportedOpError: no gradient rule for op 'SequenceAt' (domain 'ai.onnx')"
+# training-mode export checked at 96 px with artifacts exported at 64 px: the loss matches, the gradients of the
+# last stages do not, on 3 of 3 batches (eval-mode export at 96 px: they match); cause not found yet
+_LITE0_SIZE = ("AssertionError: case size, 3 batches: blocks.6.0.bn1.bias: relative gradient error 1.36e-02 "
+               "(torch float32: 1.45e-05); ...")
 
 
 # ... and AdamW then drives a running variance negative: NaN loss from the second step on
@@ -26,6 +30,9 @@ def _eval_batchnorm(*models: str, diverges: bool = False) -> dict:
 
 EXPECTED_FAILURES: dict[tuple[str, ...], str] = {
     ("gpt2", "dynamo"): _SEQUENCE_AT,
+    ("shufflenet_v2_x0_5", "dynamo"): _SEQUENCE_AT,
+    ("tf_efficientnet_lite0", "torchscript-train", "size"): _LITE0_SIZE,
     **_eval_batchnorm("resnet18"),
-    **_eval_batchnorm("mobilenet_v3_small", diverges=True),
+    **_eval_batchnorm("mobilenet_v3_small", "tf_efficientnet_lite0", diverges=True),
+    **_eval_batchnorm("shufflenet_v2_x0_5", diverges=True),
 }
