@@ -21,7 +21,7 @@ def measure(model_path: str, batch_path: str, out_dir: str, what: str = "both", 
     from onnxtrain.api import CheckpointState, Module, Optimizer
     from onnxtrain.artifacts import LossType, generate_artifacts
 
-    result = {"torch_loaded": "torch" in sys.modules}
+    result = {"torch_loaded": "torch" in sys.modules, "rss": "VmHWM"}
     if what in ("generate", "both"):
         start = time.perf_counter()
         generate_artifacts(model_path, loss=LossType.CrossEntropyLoss, optimizer=blocks.AdamW(mode="torch"),
@@ -44,6 +44,15 @@ def measure(model_path: str, batch_path: str, out_dir: str, what: str = "both", 
 
 
 def _peak_rss_mb() -> float:
+    """This process's own peak RSS: VmHWM (ru_maxrss keeps the forking parent's high-water mark across exec,
+    so a child of the torch-laden report would report the report's memory)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
