@@ -217,7 +217,7 @@ def gradient_error(run: Run, case: str, seed: int) -> tuple[float, str]:
     _, ref32 = torch_loss_and_grads(run, inputs, labels, torch.float32)
     assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss) + 1e-6, f"loss {loss:.6g}, torch {ref_loss:.6g} ({case})"
     used = {n for n, g in ref64.items() if g is not None}
-    ours = set(state._params.offsets)
+    ours = {n for n, p in state.parameters if p.requires_grad}
     scale = np.sqrt(sum(float(np.sum(g * g)) for g in ref64.values() if g is not None))
     worst = (0.0, "", 0.0, 0.0)
     for name in sorted(ours & set(ref64)):
