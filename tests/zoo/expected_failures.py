@@ -28,12 +28,18 @@ def _eval_batchnorm(*models: str, diverges: tuple[str, ...] = ()) -> dict:
     return {(m, e, c): _EVAL_BATCHNORM_NAN if c in ("trains", "exports") else _EVAL_BATCHNORM
             for m in models for e in ("torchscript-eval", "dynamo") for c in checks}
 
+# training-mode export at 64 px, batch 4: the last stage's BatchNorm gradients are off on 3 of 3 batches (the
+# second batch size and the second image size pass); torch float32 itself is 8e-5 off there: ill-conditioned
+# or a bug, not settled
+_REGNET_BASE = ("AssertionError: case base, 3 batches: trunk_output.block4.block4-11.f.c.1.weight: relative "
+                "gradient error 3.53e-02 (torch float32: 8.23e-05); ...")
 
 EXPECTED_FAILURES: dict[tuple[str, ...], str] = {
     ("gpt2", "dynamo"): _SEQUENCE_AT,
     ("shufflenet_v2_x0_5", "dynamo"): _SEQUENCE_AT,
     ("tf_efficientnet_lite0", "torchscript-train", "size"): _LITE0_SIZE,
+    ("regnet_x_400mf", "torchscript-train", "base"): _REGNET_BASE,
     **_eval_batchnorm("resnet18", "tf_mobilenetv3_small_100"),
-    **_eval_batchnorm("mobilenet_v3_small", diverges=("trains", "exports")),
-    **_eval_batchnorm("tf_efficientnet_lite0", "shufflenet_v2_x0_5", diverges=("trains",)),
+    **_eval_batchnorm("mobilenet_v3_small", "efficientnet_b0", diverges=("trains", "exports")),
+    **_eval_batchnorm("tf_efficientnet_lite0", "shufflenet_v2_x0_5", "regnet_x_400mf", diverges=("trains",)),
 }
