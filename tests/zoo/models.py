@@ -1,0 +1,187 @@
+"""The architectures of the zoo, each built from the package that defines it, with random weights.
+
+Every model is deterministic in training mode (dropout, stochastic depth, layer drop and SpecAugment masks
+off) so its gradients can be compared with torch's. Inputs are small: 64 px images, 8-token sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+CLASSES = 5
+VOCAB = 100
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One zoo model.
+
+    ``build()`` returns the torch module whose single tensor output the loss reads; ``inputs(batch, size, rng)``
+    the model's inputs; ``labels(inputs, rng)`` the loss labels. ``batches`` and ``sizes`` are the two batch
+    sizes and the two spatial sizes / sequence lengths the same artifacts are checked at (``sizes[1]`` is
+    None when the architecture fixes the size). ``axes`` names the input's dynamic axes beyond the batch.
+    """
+
+    name: str
+    package: str
+    build: Callable
+    inputs: Callable
+    labels: Callable
+    sizes: tuple[int, int | None]
+    axes: dict[int, str]
+    batches: tuple[int, int] = (4, 3)
+    output_axes: dict[int, str] | None = None
+    quick: tuple[str, ...] = ()  # the exporters checked in the default test run (the rest: -m slow)
+
+
+def _image(batch, size, rng):
+    return (rng.standard_normal((batch, 3, size, size)).astype(np.float32),)
+
+
+def _tokens(batch, size, rng):
+    return (rng.integers(2, VOCAB, (batch, size)).astype(np.int64),)
+
+
+def _audio(batch, size, rng):
+    return (rng.standard_normal((batch, size)).astype(np.float32),)
+
+
+def _classes(inputs, rng):
+    return rng.integers(0, CLASSES, len(inputs[0])).astype(np.int64)
+
+
+def _next_tokens(inputs, rng):
+    return inputs[0][:, 1:].copy()
+
+
+IMAGE_AXES = {2: "height", 3: "width"}
+SEQUENCE_AXES = {1: "sequence"}
+
+
+def _torchvision(name, **kwargs):
+    def build():
+        from tests.zoo.vision import import_torchvision
+
+        return getattr(import_torchvision().models, name)(weights=None, num_classes=CLASSES, **kwargs)
+
+    return build
+
+
+def _timm(name, **kwargs):
+    def build():
+        import timm
+
+        return timm.create_model(name, pretrained=False, num_classes=CLASSES, drop_rate=0.0, **kwargs)
+
+    return build
+
+
+class Logits:
+    """Wraps a transformers model so the export has one tensor output: ``logits`` (or ``shift(logits)``)."""
+
+    @staticmethod
+    def wrap(model, shift: bool = False):
+        import torch
+
+        class _Logits(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, x):
+                logits = self.model(x).logits
+                # causal LM: the scores at position t predict token t+1; class axis 1 for cross-entropy
+                return logits[:, :-1].transpose(1, 2) if shift else logits
+
+        return _Logits()
+
+
+_TRANSFORMER = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=CLASSES)
+
+
+def bert():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=VOCAB, max_position_embeddings=32, **_TRANSFORMER)
+    return Logits.wrap(BertForSequenceClassification(config))
+
+
+def distilbert():
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    config = DistilBertConfig(vocab_size=VOCAB, max_position_embeddings=32, dim=16, n_layers=2, n_heads=2,
+                              hidden_dim=32, dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0,
+                              num_labels=CLASSES)
+    return Logits.wrap(DistilBertForSequenceClassification(config))
+
+
+def roberta():
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    config = RobertaConfig(vocab_size=VOCAB, max_position_embeddings=40, pad_token_id=1, **_TRANSFORMER)
+    return Logits.wrap(RobertaForSequenceClassification(config))
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0)
+    return Logits.wrap(GPT2LMHeadModel(config), shift=True)
+
+
+def vit():
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(image_size=32, patch_size=8, num_channels=3, **_TRANSFORMER)
+    return Logits.wrap(ViTForImageClassification(config))
+
+
+def wav2vec2():
+    from transformers import Wav2Vec2Config, Wav2Vec2ForSequenceClassification
+
+    config = Wav2Vec2Config(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                            conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                            num_conv_pos_embedding_groups=2, hidden_dropout=0.0, attention_dropout=0.0,
+                            activation_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0,
+                            mask_time_prob=0.0, mask_feature_prob=0.0, classifier_proj_size=8,
+                            num_labels=CLASSES)
+    return Logits.wrap(Wav2Vec2ForSequenceClassification(config))
+
+
+def _vision(name, package, build, sizes=(64, 96), quick=(), axes=IMAGE_AXES):
+    return Spec(name, package, build, _image, _classes, sizes if axes else (sizes[0], None), axes, quick=quick)
+
+
+def _text(name, build, labels=_classes, quick=(), output_axes=None):
+    return Spec(name, "transformers", build, _tokens, labels, (8, 12), SEQUENCE_AXES, batches=(2, 3),
+                output_axes=output_axes, quick=quick)
+
+
+ZOO: dict[str, Spec] = {s.name: s for s in [
+    _vision("resnet18", "torchvision", _torchvision("resnet18"), quick=("torchscript-train",)),
+    _vision("mobilenet_v3_small", "torchvision", _torchvision("mobilenet_v3_small", dropout=0.0)),
+    _vision("efficientnet_b0", "torchvision",
+            _torchvision("efficientnet_b0", dropout=0.0, stochastic_depth_prob=0.0)),
+    _vision("shufflenet_v2_x0_5", "torchvision", _torchvision("shufflenet_v2_x0_5")),
+    _vision("squeezenet1_1", "torchvision", _torchvision("squeezenet1_1", dropout=0.0)),
+    _vision("regnet_x_400mf", "torchvision", _torchvision("regnet_x_400mf")),
+    _vision("densenet121", "torchvision", _torchvision("densenet121")),
+    _vision("tf_efficientnet_lite0", "timm", _timm("tf_efficientnet_lite0")),
+    _vision("tf_mobilenetv3_small_100", "timm", _timm("tf_mobilenetv3_small_100")),
+    _vision("convnext_atto", "timm", _timm("convnext_atto")),
+    # the position embedding fixes the image size (32 px: 2 x 2 patches of 16)
+    _vision("deit_tiny_patch16_224", "timm", _timm("deit_tiny_patch16_224", img_size=32), sizes=(32, None),
+            axes={}),
+    _vision("mobilevit_xxs", "timm", _timm("mobilevit_xxs"), sizes=(64, 128)),
+    _text("bert", bert, quick=("torchscript-train", "torchscript-eval")),
+    _text("distilbert", distilbert),
+    _text("roberta", roberta),
+    _text("gpt2", gpt2, labels=_next_tokens, output_axes={2: "positions"}),
+    _vision("vit", "transformers", vit, sizes=(32, None), axes={}),
+    Spec("wav2vec2", "transformers", wav2vec2, _audio, _classes, (400, 640), {1: "samples"}, batches=(2, 3)),
+]}
