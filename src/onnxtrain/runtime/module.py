@@ -355,11 +355,20 @@ class Module:
         st.mark_loaded([*st._params.offsets, *([] if trainable_only else st._frozen)])
 
     def export_model_for_inferencing(self, inference_model_uri: str | os.PathLike,
-                                     graph_output_names: list[str] | None = None) -> None:
-        """Write an inference model: the forward graph in inference mode with the current weights inside."""
+                                     graph_output_names: list[str] | None = None,
+                                     merge_adapters: bool = False) -> None:
+        """Write an inference model: the forward graph in inference mode with the current weights inside.
+
+        ``merge_adapters=True`` folds LoRA adapters into their weights (the model then has the base model's
+        nodes); otherwise they stay separate nodes.
+        """
         from onnxtrain.runtime.export import export_inference_model
 
         if self._eval_model is None:
             raise RuntimeError("exporting needs the eval model: pass eval_model_uri=... to Module()")
         export_inference_model(self._eval_model, self._meta, self._state, inference_model_uri,
                                graph_output_names or self._meta["model_outputs"])
+        if merge_adapters:
+            from onnxtrain.lora.export import merge_exported_model
+
+            merge_exported_model(self._eval_model, inference_model_uri)

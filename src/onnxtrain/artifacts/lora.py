@@ -1,0 +1,29 @@
+"""The LoRA hook of ``generate_artifacts``: inject the adapters into the source model and train them."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+
+from onnxtrain.artifacts.source import SourceModel
+from onnxtrain.lora import LoRA, LoRAMeta, inject_lora
+
+__all__ = ["apply_lora"]
+
+
+def apply_lora(source: SourceModel, lora: LoRA, requires_grad: Sequence[str] | None) -> tuple[list[str], LoRAMeta]:
+    """Add ``lora``'s adapters to ``source`` (in place) and return the parameters to train with them and the
+    record for the artifacts' metadata.
+
+    ``requires_grad=None`` trains the adapters only (the other weights stay constants, as PEFT freezes the base
+    model); named parameters (a new head) train beside them. A targeted weight cannot be trained as well.
+    """
+    meta = inject_lora(source.model.graph, source.weights, lora)
+    targeted = {a.weight for a in meta.adapters}
+    for pattern in requires_grad or []:
+        both = sorted(w for w in targeted if w == pattern or fnmatch.fnmatchcase(w, pattern))
+        if both:
+            raise ValueError(f"requires_grad {pattern!r} names {both[0]!r}, which carries a LoRA adapter and stays "
+                             "frozen; - help: leave it out of requires_grad, or out of the LoRA targets")
+    adapters = list(dict.fromkeys(n for a in meta.adapters for n in (a.A, a.B)))
+    return [*adapters, *(n for n in requires_grad or [] if n not in adapters)], meta
