@@ -32,8 +32,8 @@ class LoRA:
     Args:
         rank: the adapters' rank ``r``.
         alpha: PEFT's ``lora_alpha``.
-        targets: names or shell globs matched against the weight initializer's name, and against the torch module
-            path (taken from the weight name, or from the node name torch's exporter writes, e.g.
+        targets: names or shell globs matched against the weight initializer's name, the node's name and the
+            torch module path (taken from the weight name, or from the node name torch's exporter writes, e.g.
             ``/bert/encoder/layer.0/attention/self/query/MatMul`` -> ``bert.encoder.layer.0.attention.self.query``).
             A plain name also matches a module path ending in ``.name`` (PEFT's ``target_modules``). Candidates
             are the weights of MatMul (second input), Gemm (input B) and 1x1 Conv (group 1) nodes.

@@ -83,8 +83,8 @@ def candidates(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> Iterat
 
 def _matches(pattern: str, c: Candidate) -> bool:
     if any(ch in pattern for ch in "*?["):
-        return fnmatch.fnmatchcase(c.weight, pattern) or fnmatch.fnmatchcase(c.module, pattern)
-    return pattern in (c.weight, c.module) or c.module.endswith("." + pattern)
+        return any(fnmatch.fnmatchcase(s, pattern) for s in (c.weight, c.module, c.node.name))
+    return pattern in (c.weight, c.module, c.node.name) or c.module.endswith("." + pattern)
 
 
 class _Names:
@@ -125,7 +125,7 @@ def inject_lora(graph: onnx.GraphProto, weights: dict[str, np.ndarray], lora: Lo
             listed = ", ".join(dict.fromkeys(c.module for c in found[:8]))
             raise ValueError(f"LoRA target {pattern!r} matches no MatMul / Gemm / 1x1 Conv weight ({len(found)} "
                              f"candidates: {listed}{', ...' if len(found) > 8 else ''}); targets match weight "
-                             "names and module paths")
+                             "names, module paths and node names")
         chosen.update((id(c.node), c) for c in hits)
     unknown = set(lora.initial or {}) - {n for c in chosen.values() for n in adapter_param_names(c.module)}
     if unknown:
