@@ -124,8 +124,9 @@ def generate_artifacts(
     loss_block, all_outputs = _resolve_loss(loss)
     opt_block = _resolve_optimizer(optimizer)
     def build(source):
-        train, lora_meta = apply_lora(source, lora, requires_grad) if lora is not None else (requires_grad, None)
-        plan = plan_parameters(source.model.graph, source.weights, train, frozen_params, trainable_ops)
+        train, frozen, lora_meta = (apply_lora(source, lora, requires_grad, frozen_params) if lora is not None
+                                    else (requires_grad, frozen_params, None))
+        plan = plan_parameters(source.model.graph, source.weights, train, frozen, trainable_ops)
         graphs = build_graphs(source.model, source.weights, plan, loss_block, loss_input_names,
                               additional_output_names, all_outputs)
         if lora_meta is not None:  # the runtime's merge and the PEFT export read it

@@ -5,18 +5,22 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Sequence
 
+from onnxtrain.artifacts.params import plan_parameters
 from onnxtrain.artifacts.source import SourceModel
 from onnxtrain.lora import LoRA, LoRAMeta, inject_lora
 
 __all__ = ["apply_lora"]
 
 
-def apply_lora(source: SourceModel, lora: LoRA, requires_grad: Sequence[str] | None) -> tuple[list[str], LoRAMeta]:
-    """Add ``lora``'s adapters to ``source`` (in place) and return the parameters to train with them and the
-    record for the artifacts' metadata.
+def apply_lora(source: SourceModel, lora: LoRA, requires_grad: Sequence[str] | None,
+               frozen_params: Sequence[str] | None) -> tuple[list[str], list[str] | None, LoRAMeta]:
+    """Add ``lora``'s adapters to ``source`` (in place); return ``requires_grad`` and ``frozen_params`` for the
+    parameter plan, and the record for the artifacts' metadata.
 
-    ``requires_grad=None`` trains the adapters only (the other weights stay constants, as PEFT freezes the base
-    model); named parameters (a new head) train beside them. A targeted weight cannot be trained as well.
+    ``requires_grad=None`` trains the adapters only (PEFT freezes the base model); named parameters (a new head)
+    train beside them. A targeted weight cannot be trained as well. With ``lora.freeze_base`` every other
+    weight becomes a frozen parameter (in the checkpoint); otherwise only ``frozen_params`` are, and the rest
+    stay constants of the graphs.
     """
     meta = inject_lora(source.model.graph, source.weights, lora)
     targeted = {a.weight for a in meta.adapters}
@@ -26,4 +30,9 @@ def apply_lora(source: SourceModel, lora: LoRA, requires_grad: Sequence[str] | N
             raise ValueError(f"requires_grad {pattern!r} names {both[0]!r}, which carries a LoRA adapter and stays "
                              "frozen; - help: leave it out of requires_grad, or out of the LoRA targets")
     adapters = list(dict.fromkeys(n for a in meta.adapters for n in (a.A, a.B)))
-    return [*adapters, *(n for n in requires_grad or [] if n not in adapters)], meta
+    train = [*adapters, *(n for n in requires_grad or [] if n not in adapters)]
+    if not lora.freeze_base:
+        return train, frozen_params, meta
+    plan = plan_parameters(source.model.graph, source.weights, train, frozen_params)
+    weights = plan_parameters(source.model.graph, source.weights, None, None).trainable  # every weight-like one
+    return train, [*plan.frozen, *(w for w in weights if w not in plan.trainable and w not in plan.frozen)], meta
