@@ -7,8 +7,9 @@ Random weights (nothing is downloaded). The torch export runs once; then every m
 of its own that imports only onnxtrain's runtime (no torch), so its peak RSS (VmHWM) is the runtime's:
 ``base`` runs the forward model in an ``onnxruntime.InferenceSession``; ``generate-X`` writes the artifacts and
 ``train-X`` trains them, for ``full`` (every weight) and ``lora`` (rank-8 adapters on query/value plus the
-classifier). The step is forward + backward + AdamW + gradient
-reset, the median of ``--steps`` after 2 warm-up steps. Not a test: the machine is shared, timings are under load.
+classifier; ``lora_constants``: the same with ``LoRA(freeze_base=False)``). The step is forward + backward +
+AdamW + gradient reset, the median of ``--steps`` after 2 warm-up steps. Not a test: the machine is shared,
+timings are under load.
 """
 
 from __future__ import annotations
@@ -90,15 +91,10 @@ def measure(mode: str, model: str, workdir: str, steps: int, threads: int) -> di
         from onnxtrain.artifacts import LoRA, LossType, OptimType, generate_artifacts
 
         t = time.perf_counter()
-        lora = LoRA(rank=8, alpha=16, targets=["*query*", "*value*"]) if what.startswith("lora") else None
-        frozen = None
-        if what == "lora_frozen":  # the base weights in the checkpoint (graph inputs), not graph constants
-            import onnx
-
-            inits = onnx.load(model, load_external_data=False).graph.initializer
-            frozen = [i.name for i in inits if i.data_type == onnx.TensorProto.FLOAT and len(i.dims) > 0
-                      and not i.name.startswith("classifier.")]
-        paths = generate_artifacts(model, requires_grad=["classifier.*"] if lora else None, frozen_params=frozen,
+        lora = None  # lora: the base weights frozen in the checkpoint; lora_constants: constants of the graphs
+        if what.startswith("lora"):
+            lora = LoRA(rank=8, alpha=16, targets=["*query*", "*value*"], freeze_base=what == "lora")
+        paths = generate_artifacts(model, requires_grad=["classifier.*"] if lora else None,
                                    loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                                    artifact_directory=directory, lora=lora)
         out.update(generate_s=time.perf_counter() - t, generate_peak_rss_mb=_peak_mb(),
@@ -142,8 +138,8 @@ def main() -> None:
         model = os.path.join(workdir, "bert.onnx")
         export(model)
         results = []
-        for mode in ("base", "generate-lora", "train-lora", "generate-lora_frozen", "train-lora_frozen",
-                     "generate-full", "train-full"):
+        for mode in ("base", "generate-lora", "train-lora", "generate-full", "train-full", "generate-lora_constants",
+                     "train-lora_constants"):
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
             proc = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--threads",
                                    str(args.threads), "--child", mode, model, workdir],
@@ -172,7 +168,7 @@ def table(record: dict) -> str:
     base = r["base"]["peak_rss_mb"]
     rows = []
     for what, label in (("full", "full fine-tuning"), ("lora", "LoRA r=8 query/value + classifier"),
-                        ("lora_frozen", "same, base weights in the checkpoint (frozen_params)")):
+                        ("lora_constants", "same, base weights as graph constants (freeze_base=False)")):
         gen, train = r.get(f"generate-{what}"), r.get(f"train-{what}")
         if not (gen and train):
             continue

@@ -33,7 +33,7 @@ transformers, peft = _import_peft()
 from onnxtrain.api import CheckpointState, Module, Optimizer  # noqa: E402
 from onnxtrain.artifacts import LoRA, LossType, OptimType, generate_artifacts  # noqa: E402
 from onnxtrain.lora import save_peft_adapter  # noqa: E402
-from tests.cli.conftest import run_cli  # noqa: E402
+from tests.cli.conftest import assert_one_line_error, run_cli  # noqa: E402
 
 TARGETS = ["*query*", "*value*"]
 BATCH, SEQ, VOCAB, CLASSES = 4, 8, 100, 3
@@ -107,8 +107,12 @@ def test_gradients_of_a_and_b_match_torch_peft(bert, tmp_path):
 
 def test_trained_adapter_loads_into_peft_with_the_same_outputs(bert, tmp_path):
     state_dict, path, ids, labels = bert
-    paths, state, module = _artifacts(path, tmp_path / "art", LoRA(rank=4, alpha=8, targets=TARGETS),
-                                      requires_grad=["classifier.*"])
+    proc = run_cli("generate", path, "-o", tmp_path / "art", "--loss", "cross-entropy", "--lora-rank", "4",
+                   "--lora-alpha", "8", "--lora-targets", *TARGETS, "--requires-grad", "classifier.*")
+    assert proc.returncode == 0, proc.stderr
+    paths = {k: str(tmp_path / "art" / f"{k}_model.onnx") for k in ("training", "eval", "optimizer")}
+    state = CheckpointState.load_checkpoint(tmp_path / "art" / "checkpoint")
+    module = Module(paths["training"], state, paths["eval"])
     optimizer = Optimizer(paths["optimizer"], module)
     optimizer.set_learning_rate(3e-2)
     module.train()
@@ -146,3 +150,8 @@ def test_peft_adapter_starts_the_artifacts(bert, tmp_path):
     base = _logits(path, ids)
     assert np.abs(expected - base).max() > 2e-4  # the adapter changes the (small, random-head) logits
     np.testing.assert_allclose(_logits(tmp_path / "model.onnx", ids), expected, rtol=1e-4, atol=2e-6)
+
+
+def test_command_line_lora_mistakes(bert, tmp_path):
+    proc = run_cli("generate", bert[1], "-o", tmp_path, "--loss", "cross-entropy", "--lora-rank", "4")
+    assert_one_line_error(proc, "--lora-rank needs --lora-targets")
