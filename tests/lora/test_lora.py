@@ -175,3 +175,26 @@ def test_mistakes_are_explained(tmp_path):
         paths = generate_artifacts(_model(), loss=LossType.MSELoss, artifact_directory=tmp_path / "plain")
         lora_meta(paths["eval"])
     assert LoRAMeta.from_model(_model()) is None
+
+
+@pytest.mark.parametrize("targets", [["mm1"], ["W"]])
+def test_merge_of_a_weight_read_by_two_nodes(tmp_path, targets):
+    """["mm1"]: one reader adapted, the other keeps W (a merged copy for mm1); ["W"]: both readers carry the
+    same adapter (one module), W is replaced in place."""
+    w = numpy_helper.from_array(RNG.normal(size=(6, 6)).astype(np.float32), "W")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm1"),
+             helper.make_node("MatMul", ["h", "W"], ["y"], name="mm2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6])], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    _, module, state = _generate(tmp_path, model, LoRA(rank=2, alpha=2, targets=targets))
+    assert [n for n, p in state.parameters if p.requires_grad] == ["W.lora_A.weight", "W.lora_B.weight"]
+    _randomize_b(state)
+    module.export_model_for_inferencing(tmp_path / "unmerged.onnx", ["y"])
+    module.export_model_for_inferencing(tmp_path / "merged.onnx", ["y"], merge_adapters=True)
+    x = RNG.normal(size=(2, 6)).astype(np.float32)
+    np.testing.assert_allclose(_run(str(tmp_path / "merged.onnx"), x), _run(str(tmp_path / "unmerged.onnx"), x),
+                               rtol=1e-5, atol=1e-5)
+    merged = onnx.load(tmp_path / "merged.onnx")
+    assert len(merged.graph.initializer) == (2 if targets == ["mm1"] else 1)
+    assert [n.input[1] for n in merged.graph.node] == (["W/merged/W", "W"] if targets == ["mm1"] else ["W", "W"])

@@ -7,6 +7,8 @@ adapters, gets a merged copy per adapter. The result has no ``lora_A`` / ``lora_
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -27,10 +29,12 @@ def merged_weight(w: np.ndarray, a: np.ndarray, b: np.ndarray, adapter: Adapter,
 
 def merge_adapters(model: onnx.ModelProto, meta: LoRAMeta) -> onnx.ModelProto:
     """Return a copy of ``model`` (an inference model with its weights as initializers) with every adapter
-    of ``meta`` merged into its weight."""
+    of ``meta`` merged into its weight (adapters the export pruned away are ignored)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
+    written = {o for n in graph.node for o in n.output}
+    meta = replace(meta, adapters=[a for a in meta.adapters if a.base_output in written])  # others were pruned
     inits = {i.name: i for i in graph.initializer}
     missing = [n for a in meta.adapters for n in (a.weight, a.A, a.B) if n not in inits]
     if missing:
