@@ -138,8 +138,15 @@ def test_peft_adapter_starts_the_artifacts(bert, tmp_path):
     state_dict, path, ids, _ = bert
     model = _bert()
     model.load_state_dict(state_dict)
-    config = peft.LoraConfig(r=2, lora_alpha=6, target_modules=["query", "value"], init_lora_weights=False)
-    peft.get_peft_model(model, config).save_pretrained(str(tmp_path / "peft"))  # random A and B
+    config = peft.LoraConfig(r=2, lora_alpha=6, target_modules=["query", "value"], init_lora_weights=False,
+                             modules_to_save=["classifier"])
+    peft_model = peft.get_peft_model(model, config)  # random A and B, and a classifier of its own
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "modules_to_save" in name:
+                p.normal_(0.0, 0.5)
+    peft_model.save_pretrained(str(tmp_path / "peft"))
+    assert sorted(LoRA.from_peft(tmp_path / "peft").base_values) == ["classifier.bias", "classifier.weight"]
     proc = run_cli("generate", path, "-o", tmp_path / "art", "--loss", "cross-entropy",
                    "--lora-from", tmp_path / "peft")
     assert proc.returncode == 0, proc.stderr

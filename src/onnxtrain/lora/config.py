@@ -46,6 +46,8 @@ class LoRA:
             weights in each graph file and in each onnxruntime session (on the BERT benchmark, 2.1x the peak
             RSS and 4x the generation time).
         initial: starting values of adapter parameters by name (``{module}.lora_A.weight``); see :meth:`from_peft`.
+        base_values: values replacing initializers of the model by name, e.g. a classifier PEFT saved as
+            ``modules_to_save``; see :meth:`from_peft`.
     """
 
     rank: int = 8
@@ -56,6 +58,7 @@ class LoRA:
     seed: int = 0
     freeze_base: bool = True
     initial: Mapping[str, np.ndarray] | None = field(default=None, repr=False)
+    base_values: Mapping[str, np.ndarray] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or self.rank < 1:
@@ -76,7 +79,8 @@ class LoRA:
     @classmethod
     def from_peft(cls, path: str, **overrides) -> LoRA:
         """A LoRA that starts from a Hugging Face PEFT adapter folder (``adapter_config.json`` and
-        ``adapter_model.safetensors``): its rank, alpha, dropout, target modules and weights."""
+        ``adapter_model.safetensors``): its rank, alpha, dropout, target modules and weights, and the tensors
+        of its ``modules_to_save`` (by torch parameter name, as ``base_values``)."""
         from onnxtrain.lora.peft import read_peft_adapter
 
         return read_peft_adapter(path, **overrides)

@@ -117,6 +117,7 @@ def inject_lora(graph: onnx.GraphProto, weights: dict[str, np.ndarray], lora: Lo
     """Add adapters to ``graph`` (whose initializers live in ``weights``) in place; the new parameters are added
     to ``weights``. Returns the record to store in the artifacts' metadata. Raises ValueError when a target
     matches no candidate weight."""
+    _replace_base_values(weights, lora)
     found = list(candidates(graph, weights))
     chosen: dict[int, Candidate] = {}
     for pattern in lora.targets:
@@ -146,6 +147,18 @@ def inject_lora(graph: onnx.GraphProto, weights: dict[str, np.ndarray], lora: Lo
     graph.node.extend(new_nodes)
     return LoRAMeta(rank=lora.rank, alpha=float(lora.alpha), scale=lora.scale, dropout=float(lora.dropout),
                     use_rslora=lora.use_rslora, targets=list(lora.targets), adapters=adapters)
+
+
+def _replace_base_values(weights: dict[str, np.ndarray], lora: LoRA) -> None:
+    for name, value in (lora.base_values or {}).items():
+        if name not in weights:
+            raise ValueError(f"LoRA base value {name!r} (e.g. a PEFT modules_to_save tensor) is not an initializer "
+                             "of the model; torch's exporter keeps the names of Gemm weights but renames "
+                             "pre-transposed MatMul weights (onnx::MatMul_...)")
+        value = np.asarray(value)
+        if value.shape != weights[name].shape:
+            raise ValueError(f"LoRA base value {name!r} has shape {value.shape}, the model's is {weights[name].shape}")
+        weights[name] = value.astype(weights[name].dtype)
 
 
 def _wrap(c: Candidate, lora: LoRA, weights: dict[str, np.ndarray], names: _Names,

@@ -70,7 +70,8 @@ def write_peft_adapter(meta: LoRAMeta, values: Mapping[str, np.ndarray], output_
 def read_peft_adapter(path: str | os.PathLike, **overrides) -> LoRA:
     """A :class:`LoRA` with the rank, alpha, dropout, target modules and weights of a PEFT adapter folder.
 
-    ``overrides`` replace fields (e.g. ``seed``). Raises ValueError for adapters onnxtrain cannot reproduce
+    Tensors of ``modules_to_save`` become ``base_values`` (by torch parameter name, which the ONNX model must
+    share). ``overrides`` replace fields (e.g. ``seed``). Raises ValueError for adapters onnxtrain cannot reproduce
     (DoRA, per-module ranks or alphas, ``fan_in_fan_out``, trained biases).
     """
     from safetensors.numpy import load_file
@@ -86,21 +87,19 @@ def read_peft_adapter(path: str | os.PathLike, **overrides) -> LoRA:
         raise ValueError(f"{folder}: the adapter uses {unsupported}, which onnxtrain's LoRA does not support")
     tensors = load_file(os.path.join(folder, WEIGHTS_FILE))
     initial: dict[str, np.ndarray] = {}
-    ignored = []
+    base_values: dict[str, np.ndarray] = {}
     for key, value in tensors.items():
         name = key.removeprefix(PEFT_PREFIX).replace(".lora_A.default.", ".lora_A.").replace(
             ".lora_B.default.", ".lora_B.")
         if ".lora_A." in name or ".lora_B." in name:
             initial[name] = value
-        else:
-            ignored.append(key)
-    if ignored:
-        logger.warning("%s: only the adapters are read; ignored %s", folder, ", ".join(ignored[:5]))
+        else:  # modules_to_save: a trained copy of a base model module
+            base_values[name.replace(".modules_to_save.default.", ".").replace(".modules_to_save.", ".")] = value
     modules = list(dict.fromkeys(n.rsplit(".lora_", 1)[0] for n in initial))
     if not modules:
         raise ValueError(f"{folder}: {WEIGHTS_FILE} holds no lora_A / lora_B tensors")
     fields = {"rank": int(config["r"]), "alpha": float(config["lora_alpha"]), "targets": modules,
               "dropout": float(config.get("lora_dropout") or 0.0), "use_rslora": bool(config.get("use_rslora")),
-              "initial": initial}
+              "initial": initial, "base_values": base_values or None}
     fields.update(overrides)
     return LoRA(**fields)
