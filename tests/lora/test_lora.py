@@ -198,3 +198,12 @@ def test_merge_of_a_weight_read_by_two_nodes(tmp_path, targets):
     merged = onnx.load(tmp_path / "merged.onnx")
     assert len(merged.graph.initializer) == (2 if targets == ["mm1"] else 1)
     assert [n.input[1] for n in merged.graph.node] == (["W/merged/W", "W"] if targets == ["mm1"] else ["W", "W"])
+
+
+def test_command_line_refuses_adapter_exports_without_adapters(tmp_path):
+    from tests.cli.conftest import assert_one_line_error, run_cli
+
+    generate_artifacts(_model(), loss=LossType.MSELoss, artifact_directory=tmp_path)
+    for extra in (["--adapter", "-o", tmp_path / "adapter"], ["--merge-adapters", "-o", tmp_path / "m.onnx"]):
+        assert_one_line_error(run_cli("export", tmp_path, *extra), "the model has no LoRA adapters")
+    assert not (tmp_path / "m.onnx").exists()

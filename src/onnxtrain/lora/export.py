@@ -7,16 +7,15 @@ import os
 import onnx
 
 from onnxtrain.ir.files import atomic_write_bytes
-from onnxtrain.lora import lora_meta, merge_adapters
+from onnxtrain.lora import LoRAMeta, merge_adapters
 
 __all__ = ["merge_exported_model"]
 
 _PROTO_LIMIT = (1 << 31) - (64 << 20)  # protobuf cannot serialize a message of 2 GB or more
 
 
-def merge_exported_model(eval_model: onnx.ModelProto, path: str | os.PathLike) -> None:
-    """Rewrite the inference model at ``path`` (exported from ``eval_model``) with its adapters merged."""
-    meta = lora_meta(eval_model)
+def merge_exported_model(meta: LoRAMeta, path: str | os.PathLike) -> None:
+    """Rewrite the inference model at ``path`` with the adapters of ``meta`` merged."""
     path = os.fspath(path)
     merged = merge_adapters(onnx.load(path), meta)
     if merged.ByteSize() > _PROTO_LIMIT:

@@ -366,9 +366,12 @@ class Module:
 
         if self._eval_model is None:
             raise RuntimeError("exporting needs the eval model: pass eval_model_uri=... to Module()")
+        if merge_adapters:
+            from onnxtrain.lora import lora_meta
+            from onnxtrain.lora.export import merge_exported_model
+
+            adapters = lora_meta(self._eval_model)  # before writing anything: ValueError without adapters
         export_inference_model(self._eval_model, self._meta, self._state, inference_model_uri,
                                graph_output_names or self._meta["model_outputs"])
         if merge_adapters:
-            from onnxtrain.lora.export import merge_exported_model
-
-            merge_exported_model(self._eval_model, inference_model_uri)
+            merge_exported_model(adapters, inference_model_uri)
