@@ -27,15 +27,15 @@ def lora_config(args: argparse.Namespace):
     from onnxtrain.lora import LoRA
 
     if args.lora_from:
-        if args.lora_rank is not None or args.lora_targets or args.lora_alpha is not None:
-            raise CliError("--lora-from takes rank, alpha and targets from the adapter; drop --lora-rank, "
-                           "--lora-alpha and --lora-targets")
+        if args.lora_rank is not None or args.lora_targets or args.lora_alpha is not None or args.lora_dropout:
+            raise CliError("--lora-from takes rank, alpha, dropout and targets from the adapter; drop --lora-rank, "
+                           "--lora-alpha, --lora-dropout and --lora-targets")
         if not os.path.isdir(args.lora_from):
             raise CliError(f"--lora-from {args.lora_from}: not a folder")
         return LoRA.from_peft(args.lora_from)
     if args.lora_rank is None:
-        if args.lora_targets or args.lora_alpha is not None:
-            raise CliError("--lora-targets and --lora-alpha need --lora-rank R")
+        if args.lora_targets or args.lora_alpha is not None or args.lora_dropout:
+            raise CliError("--lora-targets, --lora-alpha and --lora-dropout need --lora-rank R")
         return None
     if not args.lora_targets:
         raise CliError("--lora-rank needs --lora-targets NAME... (e.g. '*query*' '*value*')")
