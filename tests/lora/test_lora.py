@@ -207,3 +207,22 @@ def test_command_line_refuses_adapter_exports_without_adapters(tmp_path):
     for extra in (["--adapter", "-o", tmp_path / "adapter"], ["--merge-adapters", "-o", tmp_path / "m.onnx"]):
         assert_one_line_error(run_cli("export", tmp_path, *extra), "the model has no LoRA adapters")
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_batchnorm_buffers_still_update_beside_adapters(tmp_path):
+    from tests.models import conv_bn
+
+    paths = generate_artifacts(conv_bn(), loss=LossType.MSELoss, optimizer=OptimType.AdamW, artifact_directory=tmp_path,
+                               lora=LoRA(rank=2, alpha=2, targets=["fc.weight"]))
+    state = CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = Module(paths["training"], state, paths["eval"])
+    assert [n for n, p in state.parameters if p.requires_grad] == ["fc.lora_A.weight", "fc.lora_B.weight"]
+    assert sorted(state.buffers) == ["bn.running_mean", "bn.running_var"]
+    assert "conv.weight" in dict(state.parameters.items())  # frozen, in the checkpoint (freeze_base)
+    before = state.buffers["bn.running_mean"].copy()
+    optimizer = Optimizer(paths["optimizer"], module)
+    module.train()
+    x = RNG.normal(size=(4, 2, 6, 6)).astype(np.float32)
+    module(x, np.zeros((4, 3), np.float32))
+    optimizer.step()
+    assert not np.allclose(state.buffers["bn.running_mean"], before)
