@@ -7,7 +7,8 @@ Random weights (nothing is downloaded). The torch export runs once; then every m
 of its own that imports only onnxtrain's runtime (no torch), so its peak RSS (VmHWM) is the runtime's:
 ``base`` runs the forward model in an ``onnxruntime.InferenceSession``; ``generate-X`` writes the artifacts and
 ``train-X`` trains them, for ``full`` (every weight) and ``lora`` (rank-8 adapters on query/value plus the
-classifier; ``lora_constants``: the same with ``LoRA(freeze_base=False)``). The step is forward + backward +
+classifier; ``lora_constants``: the same with ``LoRA(freeze_base=False)``; ``X_nopattern``: trains X's artifacts
+with onnxruntime's memory patterns off). The step is forward + backward +
 AdamW + gradient reset, the median of ``--steps`` after 2 warm-up steps. Not a test: the machine is shared,
 timings are under load.
 """
@@ -101,11 +102,14 @@ def measure(mode: str, model: str, workdir: str, steps: int, threads: int) -> di
                    checkpoint_mb=os.path.getsize(paths["checkpoint"]) / 2**20,
                    artifacts_mb=sum(os.path.getsize(p) for p in paths.values()) / 2**20)
         return out
+    no_pattern = what.endswith("_nopattern")  # onnxruntime's memory patterns off: less memory, slower steps
+    directory = directory.removesuffix("_nopattern")
     paths = {k: os.path.join(directory, f"{k}_model.onnx") for k in ("training", "eval", "optimizer")}
     state = CheckpointState.load_checkpoint(os.path.join(directory, "checkpoint"))
     out["trainable_params"] = int(sum(p.data.size for _, p in state.parameters if p.requires_grad))
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.enable_mem_pattern = not no_pattern
     module = Module(paths["training"], state, paths["eval"], session_options=so)
     optimizer = Optimizer(paths["optimizer"], module)
     module.train()
@@ -139,7 +143,7 @@ def main() -> None:
         export(model)
         results = []
         for mode in ("base", "generate-lora", "train-lora", "generate-full", "train-full", "generate-lora_constants",
-                     "train-lora_constants"):
+                     "train-lora_constants", "train-lora_nopattern", "train-full_nopattern"):
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
             proc = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--threads",
                                    str(args.threads), "--child", mode, model, workdir],
@@ -168,8 +172,10 @@ def table(record: dict) -> str:
     base = r["base"]["peak_rss_mb"]
     rows = []
     for what, label in (("full", "full fine-tuning"), ("lora", "LoRA r=8 query/value + classifier"),
-                        ("lora_constants", "same, base weights as graph constants (freeze_base=False)")):
-        gen, train = r.get(f"generate-{what}"), r.get(f"train-{what}")
+                        ("lora_constants", "same, base weights as graph constants (freeze_base=False)"),
+                        ("full_nopattern", "full fine-tuning, `enable_mem_pattern=False`"),
+                        ("lora_nopattern", "LoRA, `enable_mem_pattern=False`")):
+        gen, train = r.get(f"generate-{what.removesuffix('_nopattern')}"), r.get(f"train-{what}")
         if not (gen and train):
             continue
         ratio = train["step_ms"] / r["train-full"]["step_ms"]
