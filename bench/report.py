@@ -21,6 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 IMPLS = ["onnxtrain", "peer", "torch"]
 WORKLOADS = ["mlp", "lenet", "mobilenetv2", "mobilenetv2_head", "transformer"]
 ARTIFACTS = ["training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint"]
+_HISTORY = os.path.join(HERE, "design_history.md")  # kept by hand, appended to every report
 # (metric, baseline impl, target ratio onnxtrain/baseline or None, column title)
 RATIOS = [
     ("step_ms", "peer", 0.9, "step / peer"),
@@ -183,6 +184,9 @@ def render(recs, run_id, source):
                      "its peak RSS includes torch.")
     if notes:
         out += [""] + notes
+    if os.path.isfile(_HISTORY):  # kept by hand, carried into every regenerated report
+        with open(_HISTORY) as f:
+            out += ["", f.read().rstrip()]
     return "\n".join(out) + "\n"
 
 

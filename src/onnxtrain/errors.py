@@ -8,6 +8,7 @@ __all__ = [
     "NonFiniteError",
     "ArtifactError",
     "ExecutionError",
+    "PassError",
 ]
 
 
@@ -38,3 +39,8 @@ class ArtifactError(OnnxTrainError, ValueError):
 class ExecutionError(OnnxTrainError, RuntimeError):
     """The engine stopped while running a graph (for example an index out of range: a class label not below
     the number of classes); the message names the step, the node's op type and what the engine said."""
+
+
+class PassError(OnnxTrainError, RuntimeError):
+    """A graph pass cannot rewrite the model it was given, or produced a model that breaks its postconditions
+    (the ONNX checker, the default domain only)."""

@@ -10,7 +10,8 @@ import pytest
 from onnxtrain import blocks
 from onnxtrain.api import CheckpointState, Module, Optimizer
 from onnxtrain.artifacts import LossType, generate_artifacts
-from onnxtrain.runtime.fusion import fuse_optimizer
+from onnxtrain.conventions import TrainingMeta
+from onnxtrain.runtime.passes import FusedNames, FuseOptimizer
 from tests import models
 
 OPTIMIZERS = {"adamw": lambda: blocks.AdamW(weight_decay=0.01, max_norm=1.0),
@@ -27,11 +28,11 @@ def _setup(folder, fuse: bool, device="cpu"):
     state = CheckpointState.load_checkpoint(folder / "checkpoint")
     module = Module(folder / "training_model.onnx", state, device=device)
     optimizer = Optimizer(folder / "optimizer_model.onnx", module)
-    if not fuse:
-        module._fusing = lambda: False
+    module.training_run.fuse = fuse
     runs = []  # runs of the optimizer graph on its own
-    original = optimizer._run_update
-    optimizer._run_update = lambda: runs.append(1) or original()
+    update = module.training_run.update_graph
+    original = update.run
+    update.run = lambda: runs.append(1) or original()
     return state, module, optimizer, runs
 
 
@@ -144,8 +145,10 @@ def test_nonfinite_gradients_skip_the_fused_update(tmp_path, rng):
 def test_fused_graph_is_plain_onnx(tmp_path):
     folder = _generate(tmp_path, models.conv_bn(), "adamw")
     train = onnx.load(folder / "training_model.onnx")
-    meta = Module(folder / "training_model.onnx", CheckpointState.load_checkpoint(folder / "checkpoint"))._meta
-    fused, fused_names = fuse_optimizer(train, onnx.load(folder / "optimizer_model.onnx"), meta["trainable"])
+    meta = TrainingMeta.from_model(train)
+    result = FuseOptimizer(onnx.load(folder / "optimizer_model.onnx"), meta.trainable)(train)
+    fused, fused_names = result.model, FusedNames.of_fused(result.model)
+    assert result.modified
     onnx.checker.check_model(fused, full_check=True)
     outputs = {o.name for o in fused.graph.output}
     assert fused_names("params.out") in outputs and fused_names("gradients") in outputs

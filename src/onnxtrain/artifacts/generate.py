@@ -17,6 +17,7 @@ from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
 from onnxtrain.blocks import losses, ops, optim
 from onnxtrain.blocks.base import Block
 from onnxtrain.checkpoint import CheckpointData, save_checkpoint
+from onnxtrain.conventions import artifact_file
 from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.files import atomic_write_bytes
 from onnxtrain.lora import LoRA
@@ -146,10 +147,10 @@ def generate_artifacts(
 
     out_dir = os.fspath(artifact_directory or os.getcwd())
     os.makedirs(out_dir, exist_ok=True)
-    paths = {kind: os.path.join(out_dir, f"{prefix}{kind}_model.onnx") for kind in ("training", "eval")}
+    paths = {kind: os.path.join(out_dir, artifact_file(kind, prefix)) for kind in ("training", "eval")}
     models = {"training": graphs.training, "eval": graphs.eval}
     if opt_block is not None:
-        paths["optimizer"] = os.path.join(out_dir, f"{prefix}optimizer_model.onnx")
+        paths["optimizer"] = os.path.join(out_dir, artifact_file("optimizer", prefix))
         models["optimizer"] = build_optimizer_model(
             opt_block, {p: source.weights[p] for p in plan.trainable}, source.opset, graphs.training.ir_version)
     for kind, proto in models.items():
@@ -163,10 +164,10 @@ def generate_artifacts(
         frozen={p: source.weights[p] for p in plan.frozen},
         buffers={p: source.weights[p] for p in plan.buffers},
     )
-    paths["checkpoint"] = os.path.join(out_dir, f"{prefix}checkpoint")
+    paths["checkpoint"] = os.path.join(out_dir, artifact_file("checkpoint", prefix))
     save_checkpoint(data, paths["checkpoint"])
     if nominal_checkpoint:
-        paths["nominal_checkpoint"] = os.path.join(out_dir, f"{prefix}nominal_checkpoint")
+        paths["nominal_checkpoint"] = os.path.join(out_dir, artifact_file("nominal_checkpoint", prefix))
         save_checkpoint(data.nominal_copy(), paths["nominal_checkpoint"])
     if ort_format:
         convert_to_ort([paths[k] for k in models])

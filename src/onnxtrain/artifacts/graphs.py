@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -13,8 +12,10 @@ from onnx import helper
 
 from onnxtrain import conventions as names
 from onnxtrain.artifacts.params import ParameterPlan
+from onnxtrain.artifacts.passes import DropUnreadIndices, EvalMode, PoolBeforeRelu
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.blocks.base import Block, BuildContext, building
+from onnxtrain.conventions import TrainingMeta
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.passes import constant_values, default_opset, node_inputs, prune_nodes, rename_values, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
@@ -43,68 +44,6 @@ def _model(template: onnx.ModelProto, graph: onnx.GraphProto, meta: dict) -> onn
     for key, value in meta.items():
         model.metadata_props.add(key=key, value=value)
     return model
-
-
-def _to_eval_mode(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """Dropout off, BatchNormalization on running statistics (and without its training-only outputs)."""
-    out = []
-    for node in nodes:
-        node = copy.deepcopy(node)
-        if node.op_type == "BatchNormalization":
-            for a in node.attribute:
-                if a.name == "training_mode":
-                    a.i = 0
-            del node.output[1:]
-        elif node.op_type == "Dropout":
-            if len(node.input) > 2:
-                node.input[2] = ""  # training_mode off; the slot stays, as in the peer's eval model
-            del node.output[1:]
-        out.append(node)
-    return out
-
-
-def _pool_before_relu(nodes: list[onnx.NodeProto], keep: set[str], taken: set[str]) -> list[onnx.NodeProto]:
-    """MaxPool(Relu(x)) -> Relu(MaxPool(x)) where the Relu feeds only the pool: the same values (Relu is
-    monotone), the same gradients (a window's first maximum is the same element, and a window whose maximum
-    is <= 0 gets no gradient either way), and the Relu and its gradient mask run on the pooled, smaller tensor
-    (a quarter of the elements for 2x2 pools)."""
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for n in nodes:
-        for x in set(node_inputs(n)):
-            consumers.setdefault(x, []).append(n)
-    swapped: dict[int, list[onnx.NodeProto]] = {}
-    dropped: set[int] = set()
-    for relu in nodes:
-        if relu.op_type != "Relu" or relu.output[0] in keep:
-            continue
-        readers = consumers.get(relu.output[0], [])
-        if len(readers) != 1 or readers[0].op_type != "MaxPool" or len([o for o in readers[0].output if o]) != 1:
-            continue
-        pool = readers[0]
-        pooled = f"{pool.output[0]}/before_relu"
-        while pooled in taken:
-            pooled += "_"
-        taken.add(pooled)
-        early = copy.deepcopy(pool)
-        early.input[0], early.output[0] = relu.input[0], pooled
-        late = helper.make_node("Relu", [pooled], [pool.output[0]], name=f"{relu.name or 'Relu'}/after_pool")
-        swapped[id(pool)] = [early, late]
-        dropped.add(id(relu))
-    out = []
-    for n in nodes:
-        if id(n) not in dropped:
-            out.extend(swapped.get(id(n), [n]))
-    return out
-
-
-def _drop_unread_indices(nodes: list[onnx.NodeProto], outputs: list[str]) -> list[onnx.NodeProto]:
-    """MaxPool without the Indices output the gradient asked for, where nothing else reads it (onnxruntime
-    then runs its faster indices-free kernel). The nodes are _to_eval_mode's copies."""
-    read = {x for n in nodes for x in node_inputs(n)} | set(outputs)
-    for node in nodes:
-        if node.op_type == "MaxPool" and len(node.output) > 1 and node.output[1] not in read:
-            del node.output[1:]
-    return nodes
 
 
 def _forward_graph(graph: onnx.GraphProto, weights: dict[str, np.ndarray], state: list[str]) -> onnx.GraphProto:
@@ -151,16 +90,19 @@ def _rename_value(nodes: list[onnx.NodeProto], old: str, new: str) -> bool:
 
 
 def _accumulate(acc: GraphBuilder, grads: dict[str, str | None], params: list[str], infos: dict[str, TensorInfo]):
-    """out = reset ? g : buffer + g per parameter, as onnxruntime-training; returns (buffer inputs, outputs)."""
-    grad_inputs, grad_outputs = [], []
+    """out = reset ? g : buffer + g per parameter, as onnxruntime-training; returns (buffer inputs, outputs,
+    {parameter: (g, buffer + g)}: what the runtime selects from once it knows the flag)."""
+    grad_inputs, grad_outputs, accumulation = [], [], {}
     for p in params:
         info = infos[p]
         g = grads[p] or acc.zeros_like(p, info.elem_type)
         buf, out = names.grad_buffer_name(p), names.grad_output_name(p)
-        acc.node("Where", [names.LAZY_RESET_GRAD, g, acc.op.Add(buf, g)], [out])
+        accumulated = acc.op.Add(buf, g)
+        acc.node("Where", [names.LAZY_RESET_GRAD, g, accumulated], [out])
+        accumulation[p] = (g, accumulated)
         grad_inputs.append(helper.make_tensor_value_info(buf, info.elem_type, info.shape))
         grad_outputs.append(helper.make_tensor_value_info(out, info.elem_type, info.shape))
-    return grad_inputs, grad_outputs
+    return grad_inputs, grad_outputs, accumulation
 
 
 def _buffer_outputs(acc: GraphBuilder, nodes: list[onnx.NodeProto], buffers: list[str],
@@ -207,13 +149,12 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
             raise ValueError(f"{name!r} is not a value of the model (its outputs are {output_names})")
     lb, labels, loss_name = _add_loss(model, fwd, infos, loss, loss_inputs)
 
-    forward_nodes = _pool_before_relu([copy.deepcopy(n) for n in fwd.node] + lb.nodes,
-                                      keep={*output_names, *loss_inputs, *extras}, taken=used_names(fwd))
     full = copy.deepcopy(fwd)
-    del full.node[:]
-    full.node.extend(forward_nodes)
+    full.node.extend(lb.nodes)
     full.input.extend(labels)
     full.initializer.extend(lb.initializers)
+    full = PoolBeforeRelu(keep={*output_names, *loss_inputs, *extras})(_model(model, full, {})).model.graph
+    forward_nodes = [copy.deepcopy(n) for n in full.node]  # the gradient rules add outputs to them
     infos = infer_tensor_info(_model(model, full, {}))
 
     gb = GraphBuilder(default_opset(model), taken=used_names(full), prefix="grad/")
@@ -221,7 +162,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     grads = build_gradients(forward_nodes, loss_name, wrt, gb, infos, constants=constant_values(full))
     acc = GraphBuilder(default_opset(model), taken=used_names(full) | {n.name for n in gb.nodes} |
                        {o for n in gb.nodes for o in n.output}, prefix="acc/")
-    grad_inputs, grad_outputs = _accumulate(acc, grads, wrt, infos)
+    grad_inputs, grad_outputs, accumulation = _accumulate(acc, grads, wrt, infos)
     buffer_outputs = _buffer_outputs(acc, forward_nodes, plan.buffers, infos, extras)
 
     extra_outputs = [_value_info(n, infos.get(n)) for n in extras]
@@ -233,18 +174,17 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
         [*user_inputs, *labels, *state_inputs, *grad_inputs,
          helper.make_tensor_value_info(names.LAZY_RESET_GRAD, onnx.TensorProto.BOOL, [])],
         outputs, initializer=_used([*full.initializer, *gb.initializers, *acc.initializers], train_nodes))
-    meta = json.dumps({
-        "user_inputs": [i.name for i in user_inputs], "labels": [i.name for i in labels], "loss": loss_name,
-        "additional_outputs": extras, "trainable": plan.trainable, "frozen": plan.frozen, "buffers": plan.buffers,
-        "model_outputs": output_names,
-    })
-    training = _model(model, train_graph, {names.TRAINING_META: meta})
+    meta = TrainingMeta(
+        user_inputs=[i.name for i in user_inputs], labels=[i.name for i in labels], loss=loss_name,
+        additional_outputs=list(extras), trainable=list(plan.trainable), frozen=list(plan.frozen),
+        buffers=list(plan.buffers), model_outputs=list(output_names), accumulation=accumulation,
+    ).to_props()
+    training = _model(model, train_graph, meta)
 
-    eval_nodes = _drop_unread_indices(prune_nodes(_to_eval_mode(forward_nodes), [loss_name, *extras]),
-                                      [loss_name, *extras])
+    eval_nodes = prune_nodes(forward_nodes, [loss_name, *extras])
     eval_graph = helper.make_graph(eval_nodes, "eval", [*user_inputs, *labels, *state_inputs],
                                    [loss_vi, *extra_outputs], initializer=_used(full.initializer, eval_nodes))
-    evaluation = _model(model, eval_graph, {names.TRAINING_META: meta})
+    evaluation = DropUnreadIndices()(EvalMode()(_model(model, eval_graph, meta)).model).model
     return TrainingGraphs(training, evaluation, [i.name for i in user_inputs], [i.name for i in labels])
 
 

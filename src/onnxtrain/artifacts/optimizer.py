@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import onnx
 from onnx import helper
 
 from onnxtrain import conventions as names
+from onnxtrain.artifacts.passes import FoldOutputIdentities
 from onnxtrain.blocks.base import BuildContext, building
 from onnxtrain.blocks.optim import Optimizer, OptimizerInputs
+from onnxtrain.conventions import OptimizerMeta
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import fold_output_identities
 
 __all__ = ["build_optimizer_model"]
 
@@ -26,7 +25,7 @@ def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], o
                         f"{sorted(str(d) for d in dtypes)}")
     dtype = dtypes.pop() if dtypes else np.dtype(np.float32)
     elem = helper.np_dtype_to_tensor_dtype(dtype)
-    total = int(sum(v.size for v in params.values()))
+    size = int(sum(v.size for v in params.values()))
     b = GraphBuilder(opset)
     vector_names = [names.PARAMS, names.GRADIENTS, *optimizer.state_names]
     for n in [names.LEARNING_RATE, names.STEP, *vector_names, *map(names.output_name, vector_names),
@@ -41,12 +40,12 @@ def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], o
         raise TypeError(f"the optimizer graph supports float32 parameters, got {dtype}")
     b.node("Identity", [new_params], [names.output_name(names.PARAMS)])
     # One reduction tells whether any gradient is NaN or infinite; the runtime then keeps the old values.
-    total = b.reduce("ReduceSum", names.GRADIENTS, None, keepdims=False)
-    b.node("Not", [b.op.Or(b.op.IsNaN(total), b.op.IsInf(total))], [names.GRADIENTS_FINITE])
+    gradient_sum = b.reduce("ReduceSum", names.GRADIENTS, None, keepdims=False)
+    b.node("Not", [b.op.Or(b.op.IsNaN(gradient_sum), b.op.IsInf(gradient_sum))], [names.GRADIENTS_FINITE])
     for s in optimizer.state_names:
         b.node("Identity", [new_states[s]], [names.output_name(s)])
 
-    vec = lambda n: helper.make_tensor_value_info(n, elem, [total])  # noqa: E731
+    vec = lambda n: helper.make_tensor_value_info(n, elem, [size])  # noqa: E731
     graph = helper.make_graph(
         b.nodes, "optimizer",
         [helper.make_tensor_value_info(lr, onnx.TensorProto.FLOAT, []),
@@ -55,11 +54,11 @@ def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], o
         [vec(names.output_name(n)) for n in [names.PARAMS, *optimizer.state_names]]
         + [helper.make_tensor_value_info(names.GRADIENTS_FINITE, onnx.TensorProto.BOOL, [])],
         initializer=b.initializers)
-    fold_output_identities(graph)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="onnxtrain")
     model.ir_version = ir_version
-    layout = [{"name": k, "shape": list(v.shape)} for k, v in params.items()]
-    meta = {"type": type(optimizer).__name__, "config": optimizer.config(), "states": list(optimizer.state_names),
-            "params": layout, "dtype": str(dtype)}
-    model.metadata_props.add(key=names.OPTIMIZER_META, value=json.dumps(meta, default=str))
+    model = FoldOutputIdentities()(model).model
+    meta = OptimizerMeta(type(optimizer).__name__, optimizer.config(), list(optimizer.state_names),
+                         [(k, tuple(v.shape)) for k, v in params.items()], str(dtype))
+    for key, value in meta.to_props().items():
+        model.metadata_props.add(key=key, value=value)
     return model

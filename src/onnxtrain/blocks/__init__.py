@@ -1,4 +1,5 @@
-"""Building blocks: losses, optimizers and composable ops, in the spirit of onnxblock."""
+"""Building blocks: losses, optimizers and composable ops, in the spirit of onnxblock. Optimizers are chains of
+the transforms in ``onnxtrain.blocks.transforms`` (as optax's)."""
 
 from onnxtrain.blocks.base import Block, BuildContext, building, current
 from onnxtrain.blocks.losses import BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss

@@ -55,13 +55,13 @@ class Artifacts:
             raise FileNotFoundError(f"artifact folder not found: {directory}")
         if not os.path.isdir(directory):
             raise CliError(f"{directory} is a file; expected the folder written by `onnxtrain generate MODEL -o DIR`")
-        path = lambda name: os.path.join(directory, prefix + name)  # noqa: E731
-        for name in ("training_model.onnx", "eval_model.onnx", "checkpoint"):
-            if not os.path.isfile(path(name)):
-                raise CliError(f"{directory} is not an onnxtrain artifact folder: {prefix}{name} is missing (write one "
-                               f"with `onnxtrain generate MODEL.onnx -o {directory}`)")
-        optimizer = path("optimizer_model.onnx")
-        return cls(directory, prefix, path("training_model.onnx"), path("eval_model.onnx"),
+        path = lambda kind: os.path.join(directory, names.artifact_file(kind, prefix))  # noqa: E731
+        for kind in ("training", "eval", "checkpoint"):
+            if not os.path.isfile(path(kind)):
+                raise CliError(f"{directory} is not an onnxtrain artifact folder: {names.artifact_file(kind, prefix)} "
+                               f"is missing (write one with `onnxtrain generate MODEL.onnx -o {directory}`)")
+        optimizer = path("optimizer")
+        return cls(directory, prefix, path("training"), path("eval"),
                    optimizer if os.path.isfile(optimizer) else None, path("checkpoint"))
 
     @property
@@ -85,13 +85,6 @@ class Artifacts:
         if not os.path.exists(choice):
             raise FileNotFoundError(f"checkpoint not found: {choice}")
         return choice
-
-
-def training_meta(model: onnx.ModelProto) -> dict:
-    for prop in model.metadata_props:
-        if prop.key == names.TRAINING_META:
-            return json.loads(prop.value)
-    raise CliError("the training model has no onnxtrain metadata: it was not written by onnxtrain generate")
 
 
 def stored_train_config(model: onnx.ModelProto) -> dict:

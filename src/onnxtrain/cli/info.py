@@ -6,6 +6,7 @@ import argparse
 import collections
 import json
 import os
+from dataclasses import asdict
 
 import numpy as np
 import onnx
@@ -19,8 +20,8 @@ from onnxtrain.cli.common import (
     read_model,
     shape_text,
     stored_train_config,
-    training_meta,
 )
+from onnxtrain.conventions import OptimizerMeta, TrainingMeta
 
 __all__ = ["add_parser", "run", "artifact_info", "model_info", "artifact_summary"]
 
@@ -56,9 +57,8 @@ def model_info(path: str) -> dict:
             "nodes": len(g.node), "ops": dict(collections.Counter(n.op_type for n in g.node).most_common()),
             "initializers": _tensors(inits), "float_weights": _tensors(floats),
             "size_bytes": os.path.getsize(path)}
-    meta = {p.key: p.value for p in model.metadata_props}
-    if names.TRAINING_META in meta:
-        info["training_metadata"] = json.loads(meta[names.TRAINING_META])
+    if any(p.key == names.TRAINING_META for p in model.metadata_props):
+        info["training_metadata"] = asdict(TrainingMeta.from_model(model, "model"))
     return info
 
 
@@ -68,7 +68,7 @@ def artifact_info(directory: str, prefix: str = "") -> dict:
 
     arts = Artifacts.locate(directory, prefix)
     training = read_model(arts.training, "training model")
-    meta = training_meta(training)
+    meta = TrainingMeta.from_model(training)
     inputs = {m["name"]: m for m in _io(training.graph.input)}
     outputs = {m["name"]: m for m in _io(training.graph.output)}
     ckpt = load_checkpoint(arts.checkpoint)
@@ -78,9 +78,9 @@ def artifact_info(directory: str, prefix: str = "") -> dict:
         "files": {k: {"path": p, "bytes": os.path.getsize(p)} for k, p in
                   (("training", arts.training), ("eval", arts.eval), ("optimizer", arts.optimizer),
                    ("checkpoint", arts.checkpoint)) if p},
-        "inputs": [inputs[n] for n in meta["user_inputs"]], "labels": [inputs[n] for n in meta["labels"]],
-        "model_outputs": meta["model_outputs"],
-        "additional_outputs": [outputs[n] for n in meta["additional_outputs"] if n in outputs],
+        "inputs": [inputs[n] for n in meta.user_inputs], "labels": [inputs[n] for n in meta.labels],
+        "model_outputs": meta.model_outputs,
+        "additional_outputs": [outputs[n] for n in meta.additional_outputs if n in outputs],
         "checkpoint": {"nominal": ckpt.nominal, "step": ckpt.step,
                        "properties": {k: v for k, v in ckpt.properties.items() if not k.startswith("onnxtrain.")}},
         "train_config": stored_train_config(training),
@@ -90,16 +90,15 @@ def artifact_info(directory: str, prefix: str = "") -> dict:
         sizes = {n: (int(np.prod(s.shape)), int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize, list(s.shape))
                  for n, s in specs.items()}
         for role in ("trainable", "frozen", "buffers"):
-            group = {n: sizes[n] for n in meta[role] if n in sizes}
+            group = {n: sizes[n] for n in getattr(meta, role) if n in sizes}
             info[role] = {"count": len(group), "elements": sum(v[0] for v in group.values()),
                           "bytes": sum(v[1] for v in group.values()), "tensors": {n: v[2] for n, v in group.items()}}
     else:
         info.update(trainable=_tensors(ckpt.trainable), frozen=_tensors(ckpt.frozen), buffers=_tensors(ckpt.buffers))
     if arts.optimizer:
         opt = read_model(arts.optimizer, "optimizer model")
-        ometa = next((json.loads(p.value) for p in opt.metadata_props if p.key == names.OPTIMIZER_META), {})
-        info["optimizer"] = {"type": ometa.get("type"), "config": ometa.get("config", {}),
-                             "states": ometa.get("states", [])}
+        ometa = OptimizerMeta.from_model(opt)
+        info["optimizer"] = {"type": ometa.type, "config": ometa.config, "states": ometa.states}
     runs = {}
     for which in ("last", "best"):
         path = os.path.join(arts.run_dir, f"{which}.ckpt")

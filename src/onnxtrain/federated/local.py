@@ -11,13 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxtrain.api import CheckpointState, Module, Optimizer
+from onnxtrain.conventions import ARTIFACT_FILES
 from onnxtrain.federated.spec import ParamSpec
 from onnxtrain.runtime.loop import batches, evaluate, train_epoch
 
 __all__ = ["ARTIFACT_FILES", "artifact_paths", "LocalModel", "Evaluation"]
 
-ARTIFACT_FILES = {"training": "training_model.onnx", "eval": "eval_model.onnx", "optimizer": "optimizer_model.onnx",
-                  "checkpoint": "checkpoint"}
 
 
 def artifact_paths(artifacts_dir: str | os.PathLike | None, need_optimizer: bool = True) -> dict[str, str]:
@@ -88,7 +87,8 @@ class LocalModel:
     def save(self, directory: str | os.PathLike, model_name: str = "model.onnx") -> dict[str, str]:
         """Write ``checkpoint`` and the inference model ``model_name`` into ``directory``, each atomically."""
         os.makedirs(directory, exist_ok=True)
-        paths = {"checkpoint": os.path.join(directory, "checkpoint"), "model": os.path.join(directory, model_name)}
+        paths = {"checkpoint": os.path.join(directory, ARTIFACT_FILES["checkpoint"]),
+                 "model": os.path.join(directory, model_name)}
         CheckpointState.save_checkpoint(self.state, paths["checkpoint"])
         self.module.export_model_for_inferencing(paths["model"])
         return paths

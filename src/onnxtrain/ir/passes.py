@@ -9,7 +9,7 @@ import onnx
 from onnx import numpy_helper
 
 __all__ = ["prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs",
-           "fold_output_identities", "has_subgraphs", "rename_values", "default_opset"]
+           "has_subgraphs", "rename_values", "default_opset"]
 
 
 # The standard ops with graph attributes; nodes of other domains are inspected attribute by attribute.
@@ -81,35 +81,6 @@ def used_names(graph: onnx.GraphProto) -> set[str]:
         names.add(node.name)
     names.discard("")
     return names
-
-
-def fold_output_identities(graph: onnx.GraphProto) -> int:
-    """Let the producer of ``Identity(x) -> graph output`` write the graph output itself; returns how many.
-
-    onnxruntime copies a value that is both read by other nodes and passed to an output through Identity
-    (one full pass over the tensor per run); written directly, the output buffer is the value.
-    Left alone: x a graph input, initializer or output, or read by a subgraph.
-    """
-    outputs = {o.name for o in graph.output}
-    folds = [(i, n) for i, n in enumerate(graph.node) if n.op_type == "Identity" and n.output[0] in outputs]
-    if not folds:
-        return 0
-    producers = {o for n in graph.node for o in n.output if o}
-    captured = {x for n in graph.node for x in implicit_inputs(n)}
-    rename: dict[str, str] = {}
-    dropped: list[int] = []
-    for i, node in folds:
-        x = node.input[0]
-        if x in producers and x not in outputs and x not in captured and x not in rename:
-            rename[x] = node.output[0]
-            dropped.append(i)
-    for i in reversed(dropped):
-        del graph.node[i]
-    rename_values(graph.node, rename)
-    stale = [vi for vi in graph.value_info if vi.name in rename]  # the outputs carry the types
-    for vi in stale:
-        graph.value_info.remove(vi)
-    return len(rename)
 
 
 def rename_values(nodes: Iterable[onnx.NodeProto], rename: Mapping[str, str]) -> None:

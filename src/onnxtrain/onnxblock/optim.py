@@ -17,6 +17,7 @@ from onnx import helper
 from onnxtrain import conventions as names
 from onnxtrain.blocks import optim as _optim
 from onnxtrain.blocks.base import current
+from onnxtrain.blocks.transforms import ClipByGlobalNorm, UpdateState
 from onnxtrain.onnxblock._sequences import constant_true, flatten, sequence_input, unflatten
 from onnxtrain.onnxblock.blocks import Block
 
@@ -34,8 +35,9 @@ class ClipGradNorm(Block):
         self.max_norm = max_norm
 
     def build(self, gradients_name: str, elem_type: int = onnx.TensorProto.FLOAT) -> str:
-        clipped = _optim.Optimizer(max_norm=self.max_norm).clip(flatten(gradients_name, elem_type))
-        return unflatten(clipped, gradients_name, elem_type)
+        update = UpdateState(self.builder, "", "", "", flatten(gradients_name, elem_type), {})
+        ClipByGlobalNorm(self.max_norm).apply(update)
+        return unflatten(update.direction, gradients_name, elem_type)
 
 
 class _SequenceOptimizer(Block):
@@ -63,8 +65,8 @@ class _SequenceOptimizer(Block):
         op = self.op
         flat_step = op.Cast(step, to=onnx.TensorProto.FLOAT) if step else None
         rule_states = dict(zip(self._rule.state_names, (flatten(seqs[s], elem) for s in self.states)))
-        new_params, new_states = self._rule.update(flatten(seqs[names.PARAMS], elem), flatten(gradients, elem),
-                                                   rule_states, lr, flat_step)
+        new_params, new_states = self._rule.build(_optim.OptimizerInputs(
+            lr, flat_step, flatten(seqs[names.PARAMS], elem), flatten(gradients, elem), rule_states))
         outputs = {names.PARAMS: new_params,
                    **{s: new_states[r] for s, r in zip(self.states, self._rule.state_names)}}
         model_outputs = [helper.make_tensor_value_info(constant_true(UPDATED_FLAG), onnx.TensorProto.BOOL, [1])]

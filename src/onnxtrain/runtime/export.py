@@ -4,34 +4,36 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnxtrain.conventions import TrainingMeta
 from onnxtrain.ir.files import atomic_write_bytes
 from onnxtrain.ir.passes import node_inputs, prune_nodes
 from onnxtrain.ir.types import infer_tensor_info
-from onnxtrain.runtime.state import CheckpointState
 
 __all__ = ["export_inference_model"]
 
 _PROTO_LIMIT = 1 << 31  # protobuf cannot serialize a message of 2 GB or more
 
 
-def export_inference_model(eval_model: onnx.ModelProto, meta: dict, state: CheckpointState,
+def export_inference_model(eval_model: onnx.ModelProto, meta: TrainingMeta, values: dict[str, np.ndarray],
                            path: str | os.PathLike, output_names: list[str]) -> None:
+    """Write the part of ``eval_model`` that computes ``output_names``, with ``values`` (parameters and
+    buffers by name) as its initializers."""
     graph = eval_model.graph
     infos = infer_tensor_info(eval_model)
     unknown = [n for n in output_names if n not in infos]
     if unknown:
         raise ValueError(f"cannot export: {unknown} are not values of the model (model outputs: "
-                         f"{meta['model_outputs']})")
+                         f"{meta.model_outputs})")
     nodes = prune_nodes(graph.node, output_names)
     needed = {x for n in nodes for x in node_inputs(n)} | set(output_names)
-    labels = [n for n in meta["labels"] if n in needed]
+    labels = [n for n in meta.labels if n in needed]
     if labels:
         raise ValueError(f"cannot export {output_names}: they depend on the label inputs {labels}")
-    values = {**state._params.views(), **state._frozen, **state._buffers}
-    inputs = [i for i in graph.input if i.name in meta["user_inputs"]]
+    inputs = [i for i in graph.input if i.name in meta.user_inputs]
     initializers = [numpy_helper.from_array(values[n], n) for n in values if n in needed]
     initializers += [i for i in graph.initializer if i.name in needed]
     outputs = [helper.make_tensor_value_info(n, infos[n].elem_type, infos[n].shape) for n in output_names]

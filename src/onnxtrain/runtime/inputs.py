@@ -1,4 +1,4 @@
-"""Check user inputs against a graph's declared inputs before running it."""
+"""User inputs: checked against a graph's declared inputs before a run; outputs returned as OrtValues."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 from onnxtrain.errors import InputError
 from onnxtrain.runtime.backends.base import TensorMeta
 
-__all__ = ["check_inputs", "describe"]
+__all__ = ["check_inputs", "describe", "owned_ortvalue"]
 
 
 def describe(meta: TensorMeta) -> str:
@@ -45,3 +45,13 @@ def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what
                                          f"earlier input has {want}={symbols[want]}")
         arrays.append(np.ascontiguousarray(array))
     return arrays
+
+
+def owned_ortvalue(array: np.ndarray):
+    """An OrtValue holding its own copy of ``array`` (``ortvalue_from_numpy`` borrows the numpy memory)."""
+    import onnxruntime as ort
+
+    array = np.ascontiguousarray(array)
+    value = ort.OrtValue.ortvalue_from_shape_and_type(array.shape, array.dtype, "cpu")
+    value.update_inplace(array)
+    return value

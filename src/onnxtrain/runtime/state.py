@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from onnxtrain.checkpoint import CheckpointData, load_checkpoint, save_checkpoint
-from onnxtrain.runtime.storage import FlatStorage
+from onnxtrain.runtime.values import TrainingValues
 
 __all__ = ["CheckpointState", "Parameter", "Parameters", "Buffers", "Properties"]
 
@@ -16,31 +16,31 @@ __all__ = ["CheckpointState", "Parameter", "Parameters", "Buffers", "Properties"
 class Parameter:
     """One named parameter of a :class:`CheckpointState` (``data``, ``grad``, ``requires_grad``)."""
 
-    def __init__(self, state: CheckpointState, name: str):
-        self._state, self.name = state, name
+    def __init__(self, values: TrainingValues, name: str):
+        self._values, self.name = values, name
 
     @property
     def requires_grad(self) -> bool:
-        return self.name in self._state._params
+        return self._values.is_trainable(self.name)
 
     @property
     def data(self) -> np.ndarray:
         """A copy of the parameter's current value."""
-        return self._state._value(self.name).copy()
+        return self._values.value(self.name).copy()
 
     @data.setter
     def data(self, value: np.ndarray) -> None:
-        self._state._set_value(self.name, value)
+        self._values.set_value(self.name, value)
 
     @property
     def grad(self) -> np.ndarray | None:
         """A copy of the accumulated gradient (None for frozen parameters)."""
         if not self.requires_grad:
             return None
-        return self._state._grads.views()[self.name].copy()
+        return self._values.gradient(self.name).copy()
 
     def __repr__(self) -> str:
-        value = self._state._value(self.name)
+        value = self._values.value(self.name)
         return (f"Parameter(name={self.name!r}, shape={tuple(value.shape)}, dtype={value.dtype}, "
                 f"requires_grad={self.requires_grad})")
 
@@ -52,30 +52,30 @@ class Parameters:
     ``name in state.parameters``, ``len``, ``keys()``, ``values()`` and ``items()`` work as for a dict.
     """
 
-    def __init__(self, state: CheckpointState):
-        self._state = state
+    def __init__(self, values: TrainingValues):
+        self._values = values
 
     def __getitem__(self, name: str) -> Parameter:
         if name not in self:
             raise KeyError(f"no parameter named {name!r}; the checkpoint has {len(self)} parameters "
                            f"(e.g. {self.keys()[:5]})")
-        if name in self._state._unloaded:
+        if name in self._values.unloaded:
             raise RuntimeError(f"Please load the parameter states first: {name!r} comes from a nominal checkpoint "
                                "(shapes only); Module.copy_buffer_to_parameters(buffer) loads the values")
-        return Parameter(self._state, name)
+        return Parameter(self._values, name)
 
     def __setitem__(self, name: str, value: np.ndarray) -> None:
-        if self._state._unloaded:
+        if self._values.unloaded:
             raise RuntimeError("Please load all the parameter states first: the checkpoint is nominal (shapes "
                                "only); Module.copy_buffer_to_parameters(buffer, trainable_only=False) loads them")
         self[name].data = value
 
     def __contains__(self, name: object) -> bool:
-        return name in self._state._params.offsets or name in self._state._frozen
+        return name in self._values.params or name in self._values.frozen
 
     def keys(self) -> list[str]:
         """Trainable parameter names, then frozen ones."""
-        return [*self._state._params.offsets, *self._state._frozen]
+        return self._values.names()
 
     def values(self) -> list[Parameter]:
         return [self[n] for n in self.keys()]
@@ -87,7 +87,7 @@ class Parameters:
         return iter(self.items())
 
     def __len__(self) -> int:
-        return len(self._state._params.offsets) + len(self._state._frozen)
+        return len(self._values.params.offsets) + len(self._values.frozen)
 
     def __repr__(self) -> str:
         return f"Parameters({self.keys()})"
@@ -97,29 +97,22 @@ class Buffers(Mapping[str, np.ndarray]):
     """Non-parameter state the training graph updates (BatchNorm running statistics): ``state.buffers[name]``
     is a copy; ``state.buffers[name] = array`` sets it (shape and dtype checked)."""
 
-    def __init__(self, state: CheckpointState):
-        self._state = state
+    def __init__(self, values: TrainingValues):
+        self._values = values
 
     def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self._state._buffers:
-            raise KeyError(f"no buffer named {name!r}; buffers: {sorted(self._state._buffers)[:8]}")
-        return self._state._buffers[name].copy()
+        if name not in self._values.buffers:
+            raise KeyError(f"no buffer named {name!r}; buffers: {sorted(self._values.buffers)[:8]}")
+        return self._values.buffers[name].copy()
 
     def __setitem__(self, name: str, value) -> None:
-        target = self._state._buffers.get(name)
-        if target is None:
-            raise KeyError(f"no buffer named {name!r}; buffers: {sorted(self._state._buffers)[:8]}")
-        value = np.asarray(value)
-        if value.shape != target.shape or value.dtype != target.dtype:
-            raise ValueError(f"buffer {name!r} is {target.dtype}{list(target.shape)}, got {value.dtype}"
-                             f"{list(value.shape)}")
-        target[...] = value
+        self._values.set_buffer(name, value)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._state._buffers)
+        return iter(self._values.buffers)
 
     def __len__(self) -> int:
-        return len(self._state._buffers)
+        return len(self._values.buffers)
 
 
 class Properties:
@@ -173,33 +166,28 @@ class Properties:
 
 
 class CheckpointState:
-    """Parameters, buffers, optimizer state and properties, held in flat buffers shared with the Module."""
+    """Parameters, buffers, optimizer state and properties of a checkpoint while it trains.
+
+    Attributes:
+        values: the :class:`~onnxtrain.runtime.values.TrainingValues` holding every array (shared with the
+            Modules and Optimizers created on this state).
+        parameters, buffers, properties: the peer's views by name.
+    """
 
     def __init__(self, data: CheckpointData):
-        nominal = data.nominal
-        if nominal:
-            data = data.materialize()
-        layout = [(n, a.shape) for n, a in data.trainable.items()]
-        dtypes = {a.dtype for a in data.trainable.values()} or {np.dtype(np.float32)}
-        if len(dtypes) > 1:
-            raise ValueError(f"trainable parameters of several dtypes are not supported: {sorted(map(str, dtypes))}")
-        dtype = dtypes.pop()
-        self._params = FlatStorage(layout, dtype)
-        self._grads = FlatStorage(layout, dtype)
-        for name, value in data.trainable.items():
-            self._params.views()[name][...] = value
-        self._frozen = {n: np.ascontiguousarray(a) for n, a in data.frozen.items()}
-        self._buffers = {n: np.ascontiguousarray(a) for n, a in data.buffers.items()}
-        self._optimizer_data = data.optimizer
-        self._optimizer_states: dict[str, FlatStorage] = {}
-        self._mutations = 0  # parameter writes through the API (an update prepared before one is stale)
-        self.step = data.step
-        self._properties = dict(data.properties)
-        # Parameters of a nominal checkpoint that hold no value yet (Module.copy_buffer_to_parameters loads them).
-        self._unloaded: set[str] = {*data.trainable, *data.frozen} if nominal else set()
-        self.parameters = Parameters(self)
-        self.buffers = Buffers(self)
-        self.properties = Properties(self._properties)
+        self.values = TrainingValues(data)
+        self.parameters = Parameters(self.values)
+        self.buffers = Buffers(self.values)
+        self.properties = Properties(self.values.properties)
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken (setting it makes an update prepared for the old step stale)."""
+        return self.values.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.values.step = value
 
     # -- the peer's API ---------------------------------------------------------------------------------
     @classmethod
@@ -214,65 +202,9 @@ class CheckpointState:
         save_checkpoint(state.to_data(include_optimizer_state), checkpoint_uri,
                         include_optimizer_state=include_optimizer_state)
 
-    # -- internals shared with Module and Optimizer -------------------------------------------------------
-    def require_loaded(self) -> None:
-        """Raise unless every parameter has a value (a nominal checkpoint has none until they are copied in)."""
-        if self._unloaded:
-            raise RuntimeError(f"Please load the model parameters first. The checkpoint is nominal (shapes only): "
-                               f"{len(self._unloaded)} parameters have no value; "
-                               "Module.copy_buffer_to_parameters(buffer, trainable_only=False) loads them")
-
-    def mark_loaded(self, names) -> None:
-        """Record that ``names`` now hold real values."""
-        self._unloaded.difference_update(names)
-
     def to_data(self, include_optimizer_state: bool = True) -> CheckpointData:
-        optimizer = {}
-        if include_optimizer_state:
-            optimizer = {p: {} for p in self._params.offsets}
-            for state_name, storage in self._optimizer_states.items():
-                for p, view in storage.views().items():
-                    optimizer[p][state_name] = view.copy()
-            if not self._optimizer_states:
-                optimizer = {p: dict(s) for p, s in self._optimizer_data.items()}
-        return CheckpointData(
-            trainable={n: v.copy() for n, v in self._params.views().items()},
-            frozen={n: v.copy() for n, v in self._frozen.items()},
-            buffers={n: v.copy() for n, v in self._buffers.items()},
-            optimizer=optimizer, step=self.step, properties=dict(self._properties))
-
-    def _value(self, name: str) -> np.ndarray:
-        if name in self._params:
-            return self._params.views()[name]
-        if name in self._frozen:
-            return self._frozen[name]
-        raise KeyError(f"no parameter named {name!r}")
-
-    def _set_value(self, name: str, value) -> None:
-        target = self._value(name)
-        value = np.asarray(value)
-        if value.shape != target.shape:
-            raise ValueError(f"parameter {name!r} has shape {target.shape}, got a value of shape {value.shape}")
-        if value.dtype != target.dtype:
-            raise TypeError(f"parameter {name!r} has dtype {target.dtype}, got a value of dtype {value.dtype}")
-        target[...] = value
-        self._mutations += 1
-
-    def optimizer_storage(self, state_names: tuple[str, ...]) -> dict[str, FlatStorage]:
-        """Flat storage for each optimizer state, initialised from the checkpoint (zeros if absent)."""
-        for s in state_names:
-            if s not in self._optimizer_states:
-                storage = FlatStorage(self._params.layout, self._params.dtype)
-                for p, view in storage.views().items():
-                    saved = self._optimizer_data.get(p, {}).get(s)
-                    if saved is not None:
-                        if saved.shape != view.shape:
-                            raise ValueError(f"optimizer state {s!r} of {p!r} has shape {saved.shape}, "
-                                             f"expected {view.shape}")
-                        view[...] = saved
-                self._optimizer_states[s] = storage
-        return {s: self._optimizer_states[s] for s in state_names}
+        """A copy of every value, as written to a checkpoint file."""
+        return self.values.to_data(include_optimizer_state)
 
     def __repr__(self) -> str:
-        return (f"CheckpointState({len(self._params.offsets)} trainable, {len(self._frozen)} frozen, "
-                f"{len(self._buffers)} buffers, step={self.step}, properties={sorted(self._properties)})")
+        return f"CheckpointState({self.values!r})"

@@ -63,16 +63,15 @@ class OrtSession(Session):
             session_options = ort.SessionOptions()
         if memory_arena:
             # All of onnxtrain's sessions (train, optimizer, eval) share one arena that grows by what is asked
-            # for: no page faults on fresh memory every step (MobileNetV2 410 -> 280 ms) and no per-session
-            # arenas rounding up to powers of two (1031 -> 937 MB peak).
+            # for: no page faults on fresh memory every step, and no per-session arenas rounding up to powers
+            # of two (figures in BENCHMARKS.md, design history).
             _use_shared_arena(session_options)
         else:
             session_options.enable_cpu_mem_arena = False
         # A Module runs several sessions one after the other (train, optimizer, eval). Idle intra-op threads
-        # that keep spinning after their session's run compete for the cores with the next session's (on 2
-        # cores the transformer step took 73 ms instead of 39), but threads that sleep between ops pay a wake-up
-        # per parallel op (MLP step 1.25 -> 1.0 ms with spinning). Unless the caller chose otherwise, threads
-        # spin during a run and stop when it returns.
+        # that keep spinning after their session's run compete for the cores with the next session's, but
+        # threads that sleep between ops pay a wake-up per parallel op (figures in BENCHMARKS.md, design
+        # history). Unless the caller chose otherwise, threads spin during a run and stop when it returns.
         _set_default(session_options, _STOP_SPINNING, "1")
         self._session = ort.InferenceSession(model.SerializeToString(), sess_options=session_options,
                                              providers=["CPUExecutionProvider"])

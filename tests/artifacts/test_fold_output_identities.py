@@ -3,7 +3,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from onnxtrain.ir.passes import fold_output_identities
+from onnxtrain.artifacts.passes import FoldOutputIdentities
 
 
 def _vi(name):
@@ -21,24 +21,30 @@ def _graph():
     return helper.make_graph(nodes, "g", [_vi("x")], [_vi("sq_out"), _vi("x_out"), _vi("s_out")])
 
 
-def _run(graph):
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+def _model(graph):
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _run(model):
     onnx.checker.check_model(model, full_check=True)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return session.run(None, {"x": np.array([1.0, -2.0, 3.0], np.float32)})
 
 
 def test_output_identities_fold_into_their_producers():
-    graph = _graph()
-    expected = _run(graph)
-    assert fold_output_identities(graph) == 2
+    model = _model(_graph())
+    expected = _run(model)
+    result = FoldOutputIdentities()(model)
+    graph = result.model.graph
+    assert result.modified
     assert [n.op_type for n in graph.node] == ["Mul", "Add", "Identity"]
     assert graph.node[0].output[0] == "sq_out" and list(graph.node[1].input) == ["sq_out", "x"]
-    for got, want in zip(_run(graph), expected):
+    for got, want in zip(_run(result.model), expected):
         np.testing.assert_array_equal(got, want)
 
 
 def test_nothing_to_fold_leaves_the_graph_alone():
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [_vi("x")], [_vi("y")])
-    assert fold_output_identities(graph) == 0
-    assert [n.op_type for n in graph.node] == ["Identity"]
+    model = _model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [_vi("x")], [_vi("y")]))
+    result = FoldOutputIdentities()(model)
+    assert not result.modified and result.model is model
+    assert [n.op_type for n in model.graph.node] == ["Identity"]

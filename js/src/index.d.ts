@@ -1,0 +1,138 @@
+// Types of onnxtrain's JavaScript package. The engine type is structural: onnxruntime-web and onnxruntime-node
+// both fit it (their `Tensor` and `InferenceSession`).
+
+/** A checkpoint tensor: numpy dtype name, shape and the raw values (float16/bfloat16 as Uint16 bits). */
+export interface TensorData {
+  dtype: string;
+  shape: number[];
+  data: Float32Array | Float64Array | Int32Array | Int16Array | Int8Array | Uint32Array | Uint16Array | Uint8Array
+    | BigInt64Array | BigUint64Array;
+}
+
+/** Checkpoint property values: bigint is an int (int64), number a float, string a str. */
+export type Property = bigint | number | string;
+
+/** Any onnxruntime JavaScript engine: `import * as ort from 'onnxruntime-web'` (or 'onnxruntime-node'). */
+export interface Engine {
+  Tensor: new (type: any, data: any, dims?: readonly number[]) => any;
+  InferenceSession: { create(model: Uint8Array, options?: any): Promise<any> };
+}
+
+export type URIorBuffer = string | Uint8Array;
+export type Feeds = Record<string, any>;
+export type Outputs = Record<string, any>;
+
+export class CheckpointData {
+  constructor(init?: Partial<Pick<CheckpointData, 'trainable' | 'frozen' | 'buffers' | 'optimizer' | 'step' | 'properties'>>);
+  trainable: Map<string, TensorData>;
+  frozen: Map<string, TensorData>;
+  buffers: Map<string, TensorData>;
+  optimizer: Map<string, Map<string, TensorData>>;
+  step: number;
+  properties: Map<string, Property>;
+  /** Every tensor by tensor key (trainable/<name>, frozen/<name>, buffer/<name>, optimizer/<param>/<state>). */
+  tensors(): Map<string, TensorData>;
+  static fromTensors(tensors: Map<string, TensorData>, step?: number, properties?: Map<string, Property>): CheckpointData;
+}
+
+export class CheckpointError extends Error {}
+export const CHECKPOINT_FORMAT_VERSION: number;
+export function tensorKey(kind: string, name: string, state?: string): string;
+export function splitTensorKey(key: string): [string, string, string | undefined];
+/** The bytes Python's onnxtrain.checkpoint.save_checkpoint writes for the same data. */
+export function saveCheckpoint(data: CheckpointData, includeOptimizerState?: boolean): Uint8Array;
+/** Read and verify (checksums, header vs metadata) a checkpoint; throws CheckpointError. */
+export function loadCheckpoint(bytes: Uint8Array, where?: string): CheckpointData;
+export function readSafetensors(bytes: Uint8Array, where?: string): { metadata: Record<string, string>; tensors: Map<string, TensorData> };
+export function writeSafetensors(tensors: Map<string, TensorData>, metadata: Record<string, string>): Uint8Array;
+export function readMetadataProps(model: Uint8Array): Record<string, string>;
+
+/** Parameters, gradients, buffers, optimizer state, step and properties (one owner, flat storage). */
+export class CheckpointState {
+  constructor(data: CheckpointData);
+  step: number;
+  properties: Map<string, Property>;
+  frozen: Map<string, TensorData>;
+  buffers: Map<string, TensorData>;
+  static loadCheckpoint(source: URIorBuffer): Promise<CheckpointState>;
+  /** The file's bytes; in Node.js also written atomically to `path`. */
+  static saveCheckpoint(state: CheckpointState, path?: string, includeOptimizerState?: boolean): Promise<Uint8Array>;
+  toBytes(includeOptimizerState?: boolean): Uint8Array;
+  toData(includeOptimizerState?: boolean): CheckpointData;
+  trainableNames(): string[];
+  getParameter(name: string): Float32Array | TensorData['data'];
+  setParameter(name: string, value: ArrayLike<number>): void;
+  getGradient(name: string): Float32Array;
+}
+
+/** Runs the training and eval graphs (onnxruntime.training.api.Module). */
+export class Module {
+  static create(ort: Engine, trainModel: URIorBuffer, state: CheckpointState, evalModel?: URIorBuffer, sessionOptions?: object): Promise<Module>;
+  readonly state: CheckpointState;
+  training: boolean;
+  nonfiniteSteps: number;
+  train(mode?: boolean): this;
+  eval(): this;
+  lazyResetGrad(): void;
+  inputNames(): string[];
+  outputNames(): string[];
+  trainStep(feeds: Feeds): Promise<Outputs>;
+  evalStep(feeds: Feeds): Promise<Outputs>;
+  getParametersSize(trainableOnly?: boolean): number;
+  getContiguousParameters(trainableOnly?: boolean): Float32Array;
+  copyBufferToParameters(flat: Float32Array, trainableOnly?: boolean): void;
+  release(): Promise<void>;
+}
+
+/** Runs the optimizer graph (onnxruntime.training.api.Optimizer). */
+export class Optimizer {
+  static create(ort: Engine, optimizerModel: URIorBuffer, module: Module, sessionOptions?: object): Promise<Optimizer>;
+  readonly type: string;
+  readonly stateNames: string[];
+  skippedSteps: number;
+  setLearningRate(learningRate: number): void;
+  getLearningRate(): number;
+  step(): Promise<void>;
+  release(): Promise<void>;
+}
+
+export interface TrainingSessionCreateOptions {
+  checkpointState: URIorBuffer | CheckpointState;
+  trainModel: URIorBuffer;
+  evalModel?: URIorBuffer;
+  optimizerModel?: URIorBuffer;
+}
+
+/** onnxruntime-web's former TrainingSession API, over plain InferenceSessions. */
+export class TrainingSession {
+  static createWith(ort: Engine, trainingOptions: TrainingSessionCreateOptions, sessionOptions?: object): Promise<TrainingSession>;
+  readonly checkpointState: CheckpointState;
+  readonly module: Module;
+  readonly optimizer: Optimizer | null;
+  runTrainStep(feeds: Feeds, fetchesOrOptions?: object, options?: object): Promise<Outputs>;
+  runOptimizerStep(options?: object): Promise<void>;
+  runEvalStep(feeds: Feeds, fetchesOrOptions?: object, options?: object): Promise<Outputs>;
+  lazyResetGrad(): Promise<void>;
+  getParametersSize(trainableOnly?: boolean): Promise<number>;
+  getContiguousParameters(trainableOnly?: boolean): Promise<any>;
+  loadParametersBuffer(buffer: Uint8Array | Float32Array, trainableOnly?: boolean): Promise<void>;
+  getLearningRate(): number;
+  setLearningRate(learningRate: number): void;
+  saveCheckpoint(path?: string, includeOptimizerState?: boolean): Promise<Uint8Array>;
+  readonly trainingInputNames: readonly string[];
+  readonly trainingOutputNames: readonly string[];
+  readonly evalInputNames: readonly string[];
+  readonly evalOutputNames: readonly string[];
+  release(): Promise<void>;
+}
+
+export interface BoundApi {
+  ort: Engine;
+  CheckpointState: typeof CheckpointState;
+  TrainingSession: { create(trainingOptions: TrainingSessionCreateOptions, sessionOptions?: object): Promise<TrainingSession> };
+  Module: { create(trainModel: URIorBuffer, state: CheckpointState, evalModel?: URIorBuffer, sessionOptions?: object): Promise<Module> };
+  Optimizer: { create(optimizerModel: URIorBuffer, module: Module, sessionOptions?: object): Promise<Optimizer> };
+}
+
+/** The API with an engine bound (what 'onnxtrain/web' and 'onnxtrain/node' export). */
+export function bindEngine(ort: Engine): BoundApi;

@@ -1,0 +1,194 @@
+// Module (onnxtrain/runtime/module.py): runs the training and eval graphs on a CheckpointState with any
+// onnxruntime JavaScript engine (onnxruntime-web or onnxruntime-node, passed in as `ort`).
+//
+// State is bound once: the engine tensors fed for parameters, gradients and buffers are created once over
+// the CheckpointState's flat storage, so each step only copies the graph's outputs back into it.
+
+import * as names from '../conventions.js';
+import { trainingMetadata } from './model-metadata.js';
+import { readBytes } from './io.js';
+
+export class Module {
+  /**
+   * @param {object} ort the engine: `import * as ort from 'onnxruntime-web'` or `'onnxruntime-node'`
+   * @param {string | Uint8Array} trainModel the training model written by generate_artifacts
+   * @param {import('./state.js').CheckpointState} state
+   * @param {string | Uint8Array} [evalModel] the eval model (needed for evaluation)
+   * @param {object} [sessionOptions] onnxruntime InferenceSession options
+   */
+  static async create(ort, trainModel, state, evalModel = undefined, sessionOptions = {}) {
+    const trainBytes = await readBytes(trainModel, 'training model');
+    const meta = trainingMetadata(trainBytes, 'training model');
+    checkStateMatches(meta, state);
+    const train = await openSession(ort, trainBytes, 'training model', sessionOptions);
+    let evalSession = null;
+    if (evalModel !== undefined && evalModel !== null) {
+      evalSession = await openSession(ort, await readBytes(evalModel, 'eval model'), 'eval model', sessionOptions);
+    }
+    return new Module(ort, state, meta, train, evalSession);
+  }
+
+  constructor(ort, state, meta, train, evalSession) {
+    this.ort = ort;
+    this.state = state;
+    this.meta = meta;
+    this._train = train;
+    this._eval = evalSession;
+    this.training = true;
+    this.nonfiniteSteps = 0;
+    this.lastLossFinite = true;
+    this._resetPending = true;
+    const tensor = (data, shape) => new ort.Tensor('float32', data, shape);
+    const ortTensor = (t) => new ort.Tensor(t.dtype, t.data, t.shape);
+    // Engine tensors over the live state (see the module comment).
+    this._stateFeeds = {};
+    for (const [name, shape] of state.params.layout) this._stateFeeds[name] = tensor(state.params.views.get(name), shape);
+    for (const [name, t] of state.frozen) this._stateFeeds[name] = ortTensor(t);
+    for (const [name, t] of state.buffers) this._stateFeeds[name] = ortTensor(t);
+    this._gradFeeds = {};
+    for (const [name, shape] of state.grads.layout) {
+      this._gradFeeds[names.gradBufferName(name)] = tensor(state.grads.views.get(name), shape);
+    }
+    this._resetFlag = new Uint8Array(1);
+    this._gradOutputs = state.grads.layout.map(([name]) => [names.gradOutputName(name), state.grads.views.get(name)]);
+  }
+
+  /** Switch to training (true) or eval (false) mode; returns this. */
+  train(mode = true) {
+    this.training = mode;
+    return this;
+  }
+
+  eval() {
+    return this.train(false);
+  }
+
+  /** Start the gradient accumulation afresh at the next training step. */
+  lazyResetGrad() {
+    this._resetPending = true;
+  }
+
+  /** The user inputs (inputs and labels) of the current mode's graph. */
+  inputNames() {
+    return [...this.meta.user_inputs, ...this.meta.labels];
+  }
+
+  /** The outputs a step returns: the loss, then the additional outputs. */
+  outputNames() {
+    if (this.training) return [this._train.outputNames[0], ...this.meta.additional_outputs];
+    return this._eval ? [...this._eval.outputNames] : [];
+  }
+
+  /**
+   * One training step: forward, backward, gradients accumulated into the state (reset first after
+   * lazyResetGrad()). Returns {loss, ...additional outputs} as engine tensors.
+   */
+  async trainStep(feeds) {
+    const state = this.state;
+    this._resetFlag[0] = this._resetPending ? 1 : 0;
+    const inputs = {
+      ...this._userFeeds(feeds, 'training step'), ...this._stateFeeds, ...this._gradFeeds,
+      [names.LAZY_RESET_GRAD]: new this.ort.Tensor('bool', this._resetFlag, []),
+    };
+    const outputs = await run(this._train, inputs, 'training step');
+    for (const [output, view] of this._gradOutputs) view.set(outputs[output].data);
+    for (const [name, t] of state.buffers) t.data.set(outputs[names.bufferOutputName(name)].data);
+    this._resetPending = false;
+    const loss = outputs[this._train.outputNames[0]];
+    this.lastLossFinite = Number.isFinite(Number(loss.data[0]));
+    if (!this.lastLossFinite) {
+      this.nonfiniteSteps += 1;
+      console.warn(`onnxtrain: the training loss is ${loss.data[0]} (not finite); the next optimizer step will be skipped`);
+    }
+    const result = {};
+    for (const name of this.outputNames()) result[name] = outputs[name];
+    return result;
+  }
+
+  /** One evaluation with the eval graph and the current parameters; returns its outputs (loss first). */
+  async evalStep(feeds) {
+    if (!this._eval) throw new Error('this Module has no eval model: pass evalModel to create() to evaluate');
+    const inputs = this._userFeeds(feeds, 'eval step');
+    for (const name of this._eval.inputNames) if (!(name in inputs)) inputs[name] = this._stateFeeds[name];
+    return run(this._eval, inputs, 'eval step');
+  }
+
+  _userFeeds(feeds, what) {
+    const expected = this.inputNames();
+    const missing = expected.filter((n) => !(n in feeds));
+    if (missing.length) throw new Error(`${what}: missing inputs ${missing.join(', ')} (expected ${expected.join(', ')})`);
+    return Object.fromEntries(expected.map((n) => [n, feeds[n]]));
+  }
+
+  /** Number of parameter elements (trainable only, or all). */
+  getParametersSize(trainableOnly = true) {
+    let size = this.state.params.size;
+    if (!trainableOnly) for (const t of this.state.frozen.values()) size += t.data.length;
+    return size;
+  }
+
+  /** All parameters (trainable, then frozen unless trainableOnly) as one new Float32Array. */
+  getContiguousParameters(trainableOnly = true) {
+    const flat = new Float32Array(this.getParametersSize(trainableOnly));
+    flat.set(this.state.params.vector);
+    if (!trainableOnly) {
+      let offset = this.state.params.size;
+      for (const t of this.state.frozen.values()) {
+        flat.set(t.data, offset);
+        offset += t.data.length;
+      }
+    }
+    return flat;
+  }
+
+  /** Set the parameters from one flat Float32Array, in getContiguousParameters order. */
+  copyBufferToParameters(flat, trainableOnly = true) {
+    const expected = this.getParametersSize(trainableOnly);
+    if (!(flat instanceof Float32Array) || flat.length !== expected) {
+      throw new RangeError(`expected a Float32Array of ${expected} parameters, got ${flat?.constructor?.name} of ${flat?.length}`);
+    }
+    const state = this.state;
+    state.params.vector.set(flat.subarray(0, state.params.size));
+    if (!trainableOnly) {
+      let offset = state.params.size;
+      for (const t of state.frozen.values()) {
+        t.data.set(flat.subarray(offset, offset + t.data.length));
+        offset += t.data.length;
+      }
+    }
+  }
+
+  async release() {
+    await this._train.release();
+    if (this._eval) await this._eval.release();
+  }
+}
+
+function checkStateMatches(meta, state) {
+  const have = state.trainableNames();
+  if (have.join('\u0000') !== meta.trainable.join('\u0000')) {
+    throw new Error(`the checkpoint does not match the training model: trainable parameters ${have.slice(0, 3)}... vs ${meta.trainable.slice(0, 3)}...`);
+  }
+  for (const [kind, present] of [['frozen', state.frozen], ['buffers', state.buffers]]) {
+    const missing = meta[kind].filter((n) => !present.has(n));
+    if (missing.length) throw new Error(`the checkpoint does not match the training model: ${kind} ${missing.slice(0, 5)} missing`);
+  }
+}
+
+/** An InferenceSession for an artifact; an engine that rejects it gives an error naming the artifact. */
+export async function openSession(ort, bytes, what, sessionOptions) {
+  try {
+    return await ort.InferenceSession.create(bytes, sessionOptions);
+  } catch (error) {
+    throw new Error(`the ${what} cannot be loaded: ${error.message ?? error}`);
+  }
+}
+
+/** session.run(); an engine failure names the step. */
+export async function run(session, feeds, what) {
+  try {
+    return await session.run(feeds);
+  } catch (error) {
+    throw new Error(`the ${what} failed: ${error.message ?? error} (check the input values, e.g. class labels must be below the number of classes)`);
+  }
+}

@@ -1,0 +1,6 @@
+export * from './index.js';
+import type { BoundApi } from './index.js';
+export declare const TrainingSession: BoundApi['TrainingSession'];
+export declare const Module: BoundApi['Module'];
+export declare const Optimizer: BoundApi['Optimizer'];
+export * as ort from 'onnxruntime-web';

@@ -1,0 +1,100 @@
+// Shared by the Node.js tests and the browser page: train one case of tests/js/reference.py with a bound API
+// and compare with Python's results. `load(path)` returns a file's bytes (fs in Node.js, fetch in a browser).
+
+import { loadCheckpoint, readSafetensors, CheckpointState } from '../../src/index.js';
+
+/** max |a - b| / max |b| over one tensor (relative to the tensor's scale; 0 for identical tensors). */
+export function relativeError(actual, expected) {
+  let diff = 0;
+  let scale = 0;
+  for (let i = 0; i < expected.length; i++) {
+    diff = Math.max(diff, Math.abs(actual[i] - expected[i]));
+    scale = Math.max(scale, Math.abs(expected[i]));
+  }
+  return scale === 0 ? diff : diff / scale;
+}
+
+/** The worst relative error over every trainable parameter and optimizer state of `state` vs a checkpoint's. */
+export function compareWithCheckpoint(state, expectedBytes) {
+  const expected = loadCheckpoint(expectedBytes, 'expected checkpoint');
+  const data = state.toData(true);
+  let worst = 0;
+  for (const [name, t] of expected.trainable) worst = Math.max(worst, relativeError(data.trainable.get(name).data, t.data));
+  for (const [name, states] of expected.optimizer) {
+    for (const [s, t] of states) worst = Math.max(worst, relativeError(data.optimizer.get(name).get(s).data, t.data));
+  }
+  return { worst, stepJs: data.step, stepPy: expected.step };
+}
+
+/**
+ * Train case `name` (info from cases.json) from `dir` with `api` (bindEngine(ort)); `from` is an optional
+ * checkpoint path and first step (the resume test). Returns losses, eval results and the agreement with Python.
+ */
+export async function runCase(api, load, dir, info, { checkpoint = `${dir}/checkpoint`, first = 0 } = {}) {
+  const { ort } = api;
+  const data = readSafetensors(await load(`${dir}/data.safetensors`), 'data').tensors;
+  const reference = readSafetensors(await load(`${dir}/reference.safetensors`), 'reference').tensors;
+  const session = await api.TrainingSession.create({
+    checkpointState: await load(checkpoint),
+    trainModel: await load(`${dir}/training_model.onnx`),
+    evalModel: await load(`${dir}/eval_model.onnx`),
+    optimizerModel: await load(`${dir}/optimizer_model.onnx`),
+  });
+  session.setLearningRate(info.lr);
+  const feed = (i) => {
+    const x = data.get(`x/${i}`);
+    const y = data.get(`y/${i}`);
+    return { [info.input]: new ort.Tensor('float32', x.data, x.shape), labels: new ort.Tensor('int64', y.data, y.shape) };
+  };
+  const losses = [];
+  const started = performance.now();
+  for (let i = first; i < info.steps; i++) {
+    const outputs = await session.runTrainStep(feed(i));
+    losses.push(Number(outputs.loss.data[0]));
+    await session.runOptimizerStep();
+    await session.lazyResetGrad();
+  }
+  const stepMs = (performance.now() - started) / (info.steps - first);
+  const evaluated = await session.runEvalStep(feed(info.steps));
+  const pyLosses = Array.from(reference.get('losses').data).slice(first);
+  const result = {
+    losses,
+    stepMs,
+    lossError: Math.max(...losses.map((l, i) => Math.abs(l - pyLosses[i]) / Math.abs(pyLosses[i]))),
+    evalLossError: relativeError(evaluated.loss.data, reference.get('eval/loss').data),
+    evalOutputError: relativeError(evaluated[info.output].data, reference.get('eval/output').data),
+    ...compareWithCheckpoint(session.checkpointState, await load(`${dir}/expected.ckpt`)),
+    checkpoint: await session.saveCheckpoint(undefined, true),
+    parametersSize: await session.getParametersSize(true),
+    names: [session.trainingInputNames, session.trainingOutputNames, session.evalInputNames, session.evalOutputNames],
+  };
+  await session.release();
+  return result;
+}
+
+export { CheckpointState };
+
+/** Median training step time (train step + optimizer step + reset) in ms over `steps` steps after 3 warm-up steps. */
+export async function benchCase(api, load, dir, info, steps = 30) {
+  const { ort } = api;
+  const data = readSafetensors(await load(`${dir}/data.safetensors`), 'data').tensors;
+  const session = await api.TrainingSession.create({
+    checkpointState: await load(`${dir}/checkpoint`), trainModel: await load(`${dir}/training_model.onnx`),
+    optimizerModel: await load(`${dir}/optimizer_model.onnx`),
+  });
+  session.setLearningRate(info.lr);
+  const x = data.get('x/0');
+  const y = data.get('y/0');
+  const feeds = { [info.input]: new ort.Tensor('float32', x.data, x.shape), labels: new ort.Tensor('int64', y.data, y.shape) };
+  const times = [];
+  for (let i = 0; i < steps + 3; i++) {
+    const started = performance.now();
+    await session.runTrainStep(feeds);
+    await session.runOptimizerStep();
+    await session.lazyResetGrad();
+    if (i >= 3) times.push(performance.now() - started);
+  }
+  await session.release();
+  times.sort((a, b) => a - b);
+  return times[Math.floor(times.length / 2)];
+}

@@ -1,0 +1,8 @@
+"""The generator's graph passes (see onnxtrain.ir.pass_infra for the contract every pass keeps)."""
+
+from onnxtrain.artifacts.passes.drop_unread_indices import DropUnreadIndices
+from onnxtrain.artifacts.passes.eval_mode import EvalMode
+from onnxtrain.artifacts.passes.fold_output_identities import FoldOutputIdentities
+from onnxtrain.artifacts.passes.pool_before_relu import PoolBeforeRelu
+
+__all__ = ["EvalMode", "DropUnreadIndices", "PoolBeforeRelu", "FoldOutputIdentities"]

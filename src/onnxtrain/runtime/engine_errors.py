@@ -1,0 +1,42 @@
+"""Running a session: a failure inside the engine becomes one readable ExecutionError."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from onnxtrain.errors import ExecutionError, OnnxTrainError
+
+__all__ = ["run_session", "first_line"]
+
+_NODE = re.compile(r"running (\w+) node")
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (at most 300 characters), or its type name."""
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _engine_message(exc: BaseException) -> str:
+    """What the engine said, on one line, without onnxruntime's status prefix and source locations."""
+    text = " ".join(str(exc).split())
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    if "Status Message:" in text:
+        text = text.split("Status Message:", 1)[1].strip()
+        text = re.sub(r"^\S+\.(cc|h|cpp):\d+ (.*?\] )?", "", text)
+    return text[:300] or type(exc).__name__
+
+
+def run_session(session, what: str, *args, **kwargs) -> list[np.ndarray]:
+    """``session.run(...)``; a failure inside the engine becomes an ExecutionError naming ``what`` and the node."""
+    try:
+        return session.run(*args, **kwargs)
+    except OnnxTrainError:
+        raise
+    except Exception as exc:  # onnxruntime and onnx.reference raise their own types
+        node = _NODE.search(str(exc))
+        where = f" in a {node.group(1)} node" if node else ""
+        raise ExecutionError(f"the {what} failed{where}: {_engine_message(exc)} (check the input values, e.g. "
+                             f"class labels must be below the number of classes)") from None

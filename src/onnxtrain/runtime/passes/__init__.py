@@ -1,0 +1,7 @@
+"""The runtime's graph passes: the training graph specialised for the reset flag, and fused with the optimizer
+graph (see onnxtrain.ir.pass_infra for the contract every pass keeps)."""
+
+from onnxtrain.runtime.passes.fuse_optimizer import FusedNames, FuseOptimizer
+from onnxtrain.runtime.passes.specialize_reset import SpecializeReset
+
+__all__ = ["SpecializeReset", "FuseOptimizer", "FusedNames"]

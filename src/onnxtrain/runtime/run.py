@@ -1,0 +1,242 @@
+"""TrainingRun: the one object that runs a training loop's graphs over its values.
+
+It owns the sessions (the training graph in its two reset variants, the eval graph, the training graph fused
+with the optimizer graph) and decides, for each training call, which one runs. The peer's API objects are
+thin: ``Module`` calls :meth:`train_step` / :meth:`eval_step`, ``Optimizer`` calls :meth:`optimizer_step`.
+
+One training step, with an optimizer attached and the loop stepping after every call::
+
+    train_step(feeds) --fused session--> loss, gradients -> grads.spare, update -> params.spare, states.spare
+                                         (a PreparedUpdate records what the update was computed from)
+    optimizer_step()  --prepared update still valid?--> yes: swap the spare buffers in
+                                                         no:  run the optimizer graph on its own, then swap
+
+The update is stale if the learning rate, the parameters or the step changed after the training call
+(``TrainingValues.version``), or if the optimizer is another one. A loop that accumulates gradients over
+several calls per step does not fuse: the update would be computed, and thrown away, at every call.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from onnxtrain import conventions as names
+from onnxtrain.conventions import TrainingMeta
+from onnxtrain.errors import ArtifactError, PassError
+from onnxtrain.runtime.backends.base import graph_io
+from onnxtrain.runtime.engine_errors import run_session
+from onnxtrain.runtime.loading import open_artifact_session
+from onnxtrain.runtime.passes import FusedNames, FuseOptimizer, SpecializeReset
+from onnxtrain.runtime.update import UpdateGraph
+from onnxtrain.runtime.values import TrainingValues
+
+__all__ = ["TrainingRun", "PreparedUpdate"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PreparedUpdate:
+    """An optimizer update a fused training call computed in advance, and what it was computed from."""
+
+    update: UpdateGraph
+    learning_rate: float
+    values_version: int
+
+
+class TrainingRun:
+    """The training and eval graphs of one Module, run over a :class:`TrainingValues`.
+
+    Args:
+        values: the parameters, gradients, buffers and optimizer state (shared with the CheckpointState).
+        train_model: the training model written by generate_artifacts.
+        eval_model: the eval model, or None.
+        device: "cpu" (onnxruntime) or "reference" (onnx.reference).
+        session_options: onnxruntime.SessionOptions for every session.
+
+    Attributes:
+        fuse: run the training and optimizer graphs as one session when the loop allows it (True); False
+            always runs the optimizer graph on its own (the results are the same).
+        last_loss_finite: whether the last training call's loss was finite.
+    """
+
+    def __init__(self, values: TrainingValues, train_model: onnx.ModelProto, eval_model: onnx.ModelProto | None,
+                 device: str, session_options):
+        self.meta = TrainingMeta.from_model(train_model)
+        values.check_matches(self.meta)
+        self.values = values
+        self._device, self._session_options = device, session_options
+        self.train_model, self.eval_model = train_model, eval_model
+        self.train_outputs = graph_io(train_model.graph.output)
+        self._check_interface()
+        n_user = len(self.meta.user_inputs) + len(self.meta.labels)
+        self.train_inputs = graph_io(train_model.graph.input)[:n_user]
+        self._eval = None
+        if eval_model is not None:
+            self._eval = open_artifact_session(eval_model, "eval model", device, session_options)
+        self.eval_inputs = self._eval.inputs[:n_user] if self._eval else None
+        self.eval_outputs = self._eval.outputs if self._eval else None
+        self.loss = np.zeros((), dtype=self.train_outputs[0].dtype)
+        self._reset = np.array(True)
+        self._reset_pending = True
+        self._buffer_spare = {n: np.empty_like(a) for n, a in values.buffers.items()}
+        # The training graph with the reset flag decided in advance, and its sessions; built on first use.
+        self._specialized_models: dict[bool, onnx.ModelProto] = {}
+        self._variants: dict[bool, object] = {}
+        self._session_for(True)  # the session a training loop needs first; a broken model fails here
+        self.fuse = True
+        self._update: UpdateGraph | None = None
+        self._fused: dict[bool, tuple[object, FusedNames] | None] = {}
+        self._prepared: PreparedUpdate | None = None
+        self._calls_since_step, self._calls_last_cycle = 0, 1
+        self.last_loss_finite = True
+
+    def _check_interface(self) -> None:
+        """The training graph has what its metadata promises: the loss output first, then the user inputs and
+        labels as its first inputs (a damaged file can parse and still lack them)."""
+        if not self.train_outputs:
+            raise ArtifactError("the training model has no outputs (expected the loss first)")
+        expected = [*self.meta.user_inputs, *self.meta.labels]
+        found = [i.name for i in self.train_model.graph.input[:len(expected)]]
+        if found != expected:
+            raise ArtifactError(f"the training model's first inputs are {found}, its metadata says {expected}")
+
+    # -- training calls --------------------------------------------------------------------------------------
+    def lazy_reset_grad(self) -> None:
+        """The next training call starts the gradient accumulation afresh."""
+        self._reset_pending = True
+
+    def train_step(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """One forward and backward pass; accumulates the gradients and updates the buffers.
+
+        Args:
+            feeds: the user inputs and labels by graph input name (checked by the caller).
+
+        Returns:
+            The additional outputs (the loss is in ``self.loss``, written in place).
+        """
+        values = self.values
+        state = values.graph_values()
+        state.update({names.grad_buffer_name(p): g for p, g in values.grads.views().items()})
+        self._reset[...] = self._reset_pending
+        state[names.LAZY_RESET_GRAD] = self._reset
+        out = {self.train_outputs[0].name: self.loss}
+        out.update({names.buffer_output_name(b): self._buffer_spare[b] for b in values.buffers})
+        self._prepared = None
+        fused = self._fused_session_for(self._reset_pending) if self._fusing() else None
+        if fused is not None:
+            session, fused_names = fused
+            update_inputs, update_out = self._update.bind(fused_names)
+            state.update(update_inputs)
+            out.update(update_out)
+            out[fused_names(names.GRADIENTS)] = values.grads.spare  # the fused graph flattens the gradients
+        else:
+            session = self._session_for(self._reset_pending)
+            out.update({names.grad_output_name(p): g for p, g in values.grads.spare_views().items()})
+        extras = run_session(session, "training step", feeds, out, list(self.meta.additional_outputs), state=state)
+        if fused is not None:
+            self._prepared = PreparedUpdate(self._update, float(self._update.learning_rate), values.version)
+        self._calls_since_step += 1
+        values.grads.swap()
+        for b in values.buffers:
+            values.buffers[b], self._buffer_spare[b] = self._buffer_spare[b], values.buffers[b]
+        self._reset_pending = False
+        self.last_loss_finite = bool(np.isfinite(self.loss))
+        return extras
+
+    def eval_step(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The eval graph's outputs (loss first) for ``feeds``; RuntimeError without an eval model."""
+        if self._eval is None:
+            raise RuntimeError("this Module has no eval model: pass eval_model_uri=... to Module() to evaluate, "
+                               "or call module.train() to run training steps")
+        return run_session(self._eval, "eval step", feeds, {}, [m.name for m in self._eval.outputs],
+                           state=self.values.graph_values())
+
+    # -- optimizer steps -------------------------------------------------------------------------------------
+    def attach_optimizer(self, model: onnx.ModelProto) -> UpdateGraph:
+        """Bind an optimizer model to these values; its update is the one a training call may compute in
+        advance (the last one attached)."""
+        self._update = UpdateGraph(model, self.values, self._device, self._session_options)
+        self._fused.clear()
+        self._prepared = None
+        return self._update
+
+    @property
+    def update_graph(self) -> UpdateGraph | None:
+        """The attached optimizer's graph (None before an Optimizer is created on the Module)."""
+        return self._update
+
+    def optimizer_step(self, update: UpdateGraph) -> str | None:
+        """Apply one update of ``update`` to the parameters. Returns None, or why the step was skipped (the
+        parameters and optimizer state are then unchanged)."""
+        prepared, self._prepared = self._prepared, None
+        self._calls_last_cycle, self._calls_since_step = self._calls_since_step, 0
+        if not self.last_loss_finite:
+            return "the loss is not finite"
+        if not update.checks_finite and not np.isfinite(self.values.grads.current.sum()):
+            return "the gradients are not finite"
+        valid = PreparedUpdate(update, float(update.learning_rate), self.values.version)
+        if prepared != valid:  # no fused training call computed this update
+            update.run()
+        if update.checks_finite and not update.finite:
+            return "the gradients are not finite"  # the results went to the spare buffers only
+        update.commit()
+        return None
+
+    # -- sessions --------------------------------------------------------------------------------------------
+    def _specialized(self, reset: bool) -> onnx.ModelProto:
+        """The training model with the reset flag fixed (runtime/passes/specialize_reset.py), or as written if
+        it cannot be specialised (the flag input then decides at run time: slower, same results)."""
+        if reset not in self._specialized_models:
+            try:
+                model = SpecializeReset(self.meta.accumulation, reset)(self.train_model).model
+            except PassError as exc:
+                logger.warning("running the training model with its reset flag as an input: %s", exc)
+                model = self.train_model
+            self._specialized_models[reset] = model
+        return self._specialized_models[reset]
+
+    def _session_for(self, reset: bool):
+        """The training session for this value of the reset flag, created on first use (each session holds
+        its own memory plan, so only the ones a training loop needs exist)."""
+        if reset not in self._variants:
+            self._variants[reset] = open_artifact_session(self._specialized(reset), "training model",
+                                                          self._device, self._session_options)
+        return self._variants[reset]
+
+    def _fusing(self) -> bool:
+        """Fuse when an optimizer is attached and the last cycle had one training call per optimizer step (an
+        accumulation loop would throw the update away at every call but the last)."""
+        return (self.fuse and self._update is not None and self._calls_since_step == 0
+                and self._calls_last_cycle == 1)
+
+    def _fused_session_for(self, reset: bool):
+        """(session, names) of the training graph fused with the optimizer graph, or None if they cannot be
+        fused (logged; the two graphs then run one after the other, with the same results)."""
+        if reset not in self._fused:
+            self._fused[reset] = self._open_fused(reset)
+        return self._fused[reset]
+
+    def _open_fused(self, reset: bool):
+        try:
+            fused = FuseOptimizer(self._update.model, self.meta.trainable)(self._specialized(reset)).model
+        except PassError as exc:
+            logger.warning("running the training and optimizer graphs separately: %s", exc)
+            return None
+        try:
+            session = open_artifact_session(fused, "training model fused with the optimizer", self._device,
+                                            self._session_options)
+        except ArtifactError as exc:  # fusing is an optimisation: the separate graphs still train
+            warnings.warn(f"the training and optimizer graphs could not be fused; running them separately ({exc})",
+                          RuntimeWarning, stacklevel=6)
+            return None
+        # The separate sessions (opened early, so that a broken artifact fails at construction) are closed:
+        # their memory and idle threads are not needed while the loop fuses. Reopened if needed.
+        self._variants.clear()
+        self._update.close_session()
+        return session, FusedNames.of_fused(fused)

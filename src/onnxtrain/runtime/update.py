@@ -1,0 +1,90 @@
+"""UpdateGraph: the optimizer graph and the state it carries from step to step.
+
+The optimizer graph is a pure function, ``(params, gradients, states, lr, step) -> (params', states',
+gradients_finite)``, in the spirit of optax's ``update(grads, state, params) -> (updates, state)``. This
+object holds its inputs that are not gradients (learning rate, step, the optimizer state vectors) and binds
+inputs and outputs for a run: the new values go to the spare halves of the double buffers and become
+current only when :meth:`commit` is called (so a skipped step leaves everything as it was).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from onnxtrain import conventions as names
+from onnxtrain.conventions import OptimizerMeta
+from onnxtrain.errors import ArtifactError
+from onnxtrain.runtime.engine_errors import run_session
+from onnxtrain.runtime.loading import open_artifact_session
+from onnxtrain.runtime.values import TrainingValues
+
+__all__ = ["UpdateGraph"]
+
+
+def _same(name: str) -> str:
+    return name
+
+
+class UpdateGraph:
+    """The optimizer model bound to the values it updates.
+
+    Args:
+        model: the optimizer model written by generate_artifacts.
+        values: the training values (parameters, gradients, optimizer states) it updates.
+        device, session_options: as for the training model's sessions.
+    """
+
+    def __init__(self, model: onnx.ModelProto, values: TrainingValues, device: str, session_options):
+        self.meta = OptimizerMeta.from_model(model)
+        if self.meta.layout != values.params.layout:
+            raise ArtifactError("the optimizer model does not match the checkpoint's trainable parameters "
+                                f"({len(self.meta.layout)} in the optimizer, {len(values.params.layout)} in the "
+                                "checkpoint)")
+        self.model = model
+        self._values = values
+        self._device, self._session_options = device, session_options
+        self._session = self._open()  # now, so that a broken optimizer model fails here
+        self.states = values.optimizer_states(tuple(self.meta.states))
+        self.learning_rate = np.array(1e-3, dtype=np.float32)
+        self._step = np.array(0, dtype=np.int64)
+        # Optimizer graphs with a finiteness output check the gradients in the same run (no extra numpy pass).
+        self.checks_finite = any(o.name == names.GRADIENTS_FINITE for o in model.graph.output)
+        self.finite = np.zeros((), dtype=bool)
+
+    def _open(self):
+        return open_artifact_session(self.model, "optimizer model", self._device, self._session_options)
+
+    def close_session(self) -> None:
+        """Drop the session (a fused training step does its work); :meth:`run` reopens it if needed."""
+        self._session = None
+
+    def bind(self, name: Callable[[str], str] = _same) -> tuple[dict, dict]:
+        """The update's persistent inputs and outputs except the gradients, keyed by ``name(graph name)``."""
+        values = self._values
+        self._step[...] = values.step + 1
+        inputs = {name(names.LEARNING_RATE): self.learning_rate, name(names.STEP): self._step,
+                  name(names.PARAMS): values.params.current}
+        inputs.update({name(s): st.current for s, st in self.states.items()})
+        out = {name(names.output_name(names.PARAMS)): values.params.spare}
+        out.update({name(names.output_name(s)): st.spare for s, st in self.states.items()})
+        if self.checks_finite:
+            out[name(names.GRADIENTS_FINITE)] = self.finite
+        return inputs, out
+
+    def run(self) -> None:
+        """Run the optimizer graph on its own, on the current gradients."""
+        inputs, out = self.bind()
+        inputs[names.GRADIENTS] = self._values.grads.current
+        if self._session is None:
+            self._session = self._open()
+        run_session(self._session, "optimizer step", {}, out, [], state=inputs)
+
+    def commit(self) -> None:
+        """The values the last run wrote to the spare buffers become current; the step advances."""
+        self._values.params.swap()
+        for st in self.states.values():
+            st.swap()
+        self._values.advance_step()

@@ -1,0 +1,202 @@
+"""TrainingValues: every value of a training run, in the buffers the sessions bind.
+
+Parameters, gradients and optimizer states are flat double-buffered vectors (storage.py); frozen parameters
+and buffers are arrays by name. This object owns them; the graphs read and write them only through
+:class:`~onnxtrain.runtime.run.TrainingRun`, and the peer's API objects (CheckpointState, Parameter) only
+through the methods here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from onnxtrain.checkpoint import CheckpointData
+from onnxtrain.conventions import TrainingMeta
+from onnxtrain.errors import CheckpointError
+from onnxtrain.runtime.storage import FlatStorage
+
+__all__ = ["TrainingValues"]
+
+
+class TrainingValues:
+    """The values of one checkpoint while it trains.
+
+    Attributes:
+        params: the trainable parameters (one flat vector, double-buffered).
+        grads: their accumulated gradients (same layout).
+        frozen: parameters fed to the graphs but never updated.
+        buffers: state the training graph updates (BatchNorm running statistics).
+        properties: the checkpoint's property bag.
+        version: incremented by every write of the parameters or the step from outside a training step; an
+            update computed in advance is valid only for the version it was computed from.
+    """
+
+    def __init__(self, data: CheckpointData):
+        nominal = data.nominal
+        if nominal:
+            data = data.materialize()
+        layout = [(n, a.shape) for n, a in data.trainable.items()]
+        dtypes = {a.dtype for a in data.trainable.values()} or {np.dtype(np.float32)}
+        if len(dtypes) > 1:
+            raise ValueError(f"trainable parameters of several dtypes are not supported: {sorted(map(str, dtypes))}")
+        dtype = dtypes.pop()
+        self.params = FlatStorage(layout, dtype)
+        self.grads = FlatStorage(layout, dtype)
+        for name, value in data.trainable.items():
+            self.params.views()[name][...] = value
+        self.frozen = {n: np.ascontiguousarray(a) for n, a in data.frozen.items()}
+        self.buffers = {n: np.ascontiguousarray(a) for n, a in data.buffers.items()}
+        self.properties = dict(data.properties)
+        self.version = 0
+        self._step = data.step
+        self._saved_optimizer = data.optimizer       # from the checkpoint, until an optimizer takes it
+        self._optimizer_states: dict[str, FlatStorage] = {}
+        # Parameters of a nominal checkpoint that hold no value yet (set_flat_parameters loads them).
+        self.unloaded: set[str] = {*data.trainable, *data.frozen} if nominal else set()
+
+    def require_loaded(self) -> None:
+        """Raise unless every parameter has a value (a nominal checkpoint has none until they are copied in)."""
+        if self.unloaded:
+            raise RuntimeError(f"Please load the model parameters first. The checkpoint is nominal (shapes only): "
+                               f"{len(self.unloaded)} parameters have no value; "
+                               "Module.copy_buffer_to_parameters(buffer, trainable_only=False) loads them")
+
+    # -- the step counter -----------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken."""
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = int(value)
+        self.version += 1
+
+    def advance_step(self) -> None:
+        """One optimizer step was taken (by the run itself: an update computed for this step stays valid)."""
+        self._step += 1
+
+    # -- parameters by name ----------------------------------------------------------------------------------
+    def is_trainable(self, name: str) -> bool:
+        return name in self.params
+
+    def names(self) -> list[str]:
+        """Trainable parameters (flat-buffer order), then frozen ones."""
+        return [*self.params.offsets, *self.frozen]
+
+    def value(self, name: str) -> np.ndarray:
+        """The live array of a parameter (a view into the flat vector for a trainable one)."""
+        if name in self.params:
+            return self.params.views()[name]
+        if name in self.frozen:
+            return self.frozen[name]
+        raise KeyError(f"no parameter named {name!r}")
+
+    def set_value(self, name: str, value) -> None:
+        """Overwrite a parameter, checking shape and dtype."""
+        target = self.value(name)
+        value = np.asarray(value)
+        if value.shape != target.shape:
+            raise ValueError(f"parameter {name!r} has shape {target.shape}, got a value of shape {value.shape}")
+        if value.dtype != target.dtype:
+            raise TypeError(f"parameter {name!r} has dtype {target.dtype}, got a value of dtype {value.dtype}")
+        target[...] = value
+        self.version += 1
+
+    def gradient(self, name: str) -> np.ndarray:
+        """The live accumulated gradient of a trainable parameter."""
+        return self.grads.views()[name]
+
+    def set_buffer(self, name: str, value) -> None:
+        """Overwrite a buffer, checking shape and dtype."""
+        target = self.buffers.get(name)
+        if target is None:
+            raise KeyError(f"no buffer named {name!r}; buffers: {sorted(self.buffers)[:8]}")
+        value = np.asarray(value)
+        if value.shape != target.shape or value.dtype != target.dtype:
+            raise ValueError(f"buffer {name!r} is {target.dtype}{list(target.shape)}, got {value.dtype}"
+                             f"{list(value.shape)}")
+        target[...] = value
+
+    # -- all parameters as one vector ------------------------------------------------------------------------
+    def parameter_count(self, trainable_only: bool = True) -> int:
+        return self.params.size + (0 if trainable_only else sum(a.size for a in self.frozen.values()))
+
+    def flat_parameters(self, trainable_only: bool = False) -> np.ndarray:
+        """Trainable parameters, then frozen ones unless ``trainable_only``, as one vector (the live flat
+        vector itself when it is only the trainable ones)."""
+        flat = self.params.current
+        if not trainable_only and self.frozen:
+            flat = np.concatenate([flat, *(a.ravel() for a in self.frozen.values())])
+        return flat
+
+    def set_flat_parameters(self, flat: np.ndarray, trainable_only: bool = True) -> None:
+        """The inverse of :meth:`flat_parameters`."""
+        expected = self.parameter_count(trainable_only)
+        if flat.ndim != 1 or flat.size != expected:
+            raise ValueError(f"copy_buffer_to_parameters expects a flat buffer of {expected} elements, got shape "
+                             f"{list(flat.shape)}")
+        if flat.dtype != self.params.dtype:
+            raise TypeError(f"copy_buffer_to_parameters expects dtype {self.params.dtype}, got {flat.dtype}")
+        self.params.current[...] = flat[:self.params.size]
+        self.version += 1
+        offset = self.params.size
+        if not trainable_only:
+            for a in self.frozen.values():
+                a[...] = flat[offset:offset + a.size].reshape(a.shape)
+                offset += a.size
+        self.unloaded.difference_update([*self.params.offsets, *([] if trainable_only else self.frozen)])
+
+    def graph_values(self) -> dict[str, np.ndarray]:
+        """Every parameter and buffer by graph input name (what the training and eval graphs read)."""
+        return {**self.params.views(), **self.frozen, **self.buffers}
+
+    def check_matches(self, meta: TrainingMeta) -> None:
+        """CheckpointError unless these values are what the training model described by ``meta`` expects."""
+        want, have = list(meta.trainable), list(self.params.offsets)
+        if want != have:
+            missing = [n for n in want if n not in self.params]
+            detail = (f"missing {missing[:5]}" if missing
+                      else f"order or extra names differ ({have[:3]}... vs {want[:3]}...)")
+            raise CheckpointError(f"the checkpoint does not match the training model: trainable parameters {detail}")
+        for kind, present in (("frozen", self.frozen), ("buffers", self.buffers)):
+            missing = [n for n in getattr(meta, kind) if n not in present]
+            if missing:
+                raise CheckpointError(f"the checkpoint does not match the training model: {kind} {missing[:5]} missing")
+
+    # -- optimizer state -------------------------------------------------------------------------------------
+    def optimizer_states(self, state_names: tuple[str, ...]) -> dict[str, FlatStorage]:
+        """Flat storage for each optimizer state, initialised from the checkpoint (zeros if absent)."""
+        for s in state_names:
+            if s not in self._optimizer_states:
+                storage = FlatStorage(self.params.layout, self.params.dtype)
+                for p, view in storage.views().items():
+                    saved = self._saved_optimizer.get(p, {}).get(s)
+                    if saved is not None:
+                        if saved.shape != view.shape:
+                            raise ValueError(f"optimizer state {s!r} of {p!r} has shape {saved.shape}, "
+                                             f"expected {view.shape}")
+                        view[...] = saved
+                self._optimizer_states[s] = storage
+        return {s: self._optimizer_states[s] for s in state_names}
+
+    # -- to a checkpoint -------------------------------------------------------------------------------------
+    def to_data(self, include_optimizer_state: bool = True) -> CheckpointData:
+        """A copy of every value, as written to a checkpoint file."""
+        optimizer = {}
+        if include_optimizer_state:
+            optimizer = {p: {} for p in self.params.offsets}
+            for state_name, storage in self._optimizer_states.items():
+                for p, view in storage.views().items():
+                    optimizer[p][state_name] = view.copy()
+            if not self._optimizer_states:
+                optimizer = {p: dict(s) for p, s in self._saved_optimizer.items()}
+        return CheckpointData(
+            trainable={n: v.copy() for n, v in self.params.views().items()},
+            frozen={n: v.copy() for n, v in self.frozen.items()},
+            buffers={n: v.copy() for n, v in self.buffers.items()},
+            optimizer=optimizer, step=self._step, properties=dict(self.properties))
+
+    def __repr__(self) -> str:
+        return (f"{len(self.params.offsets)} trainable, {len(self.frozen)} frozen, {len(self.buffers)} buffers, "
+                f"step={self._step}, properties={sorted(self.properties)}")

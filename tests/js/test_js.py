@@ -1,0 +1,78 @@
+"""The JavaScript package (js/) on onnxruntime-node, onnxruntime-web (WebAssembly) and in headless Chromium.
+
+The Node.js test runner trains the artifacts reference.py writes and compares with Python's results (see
+js/test/); here we run it, then load every checkpoint JavaScript wrote back in Python. Skipped, with the
+reason, when node/npm or Chromium are missing (.ci/run installs them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onnxtrain.api import CheckpointState
+from onnxtrain.checkpoint import load_checkpoint
+from tests.js import reference
+
+JS = reference.ROOT / "js"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory) -> Path:
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed: the JavaScript tests need Node.js >= 18 and npm (see .ci/run)")
+    if not (JS / "node_modules").is_dir():
+        if shutil.which("npm") is None:
+            pytest.skip("npm is not installed: it installs js/'s dependencies (npm ci in js/)")
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=JS, check=True)
+    out = tmp_path_factory.mktemp("js")
+    reference.main(out)
+    return out
+
+
+def run_node_tests(fixtures: Path, *files: str) -> None:
+    env = {**os.environ, "ONNXTRAIN_JS_FIXTURES": str(fixtures)}
+    result = subprocess.run(["node", "--test", *files], cwd=JS, env=env, capture_output=True, text=True, timeout=300)
+    output = f"{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, f"node --test {' '.join(files)} failed:\n{output}"
+
+
+def assert_loads_back(js_file: Path, expected_file: Path) -> None:
+    """The checkpoint JavaScript wrote loads in Python and holds Python's result (relative 1e-5)."""
+    got, want = load_checkpoint(js_file), load_checkpoint(expected_file)
+    assert got.step == want.step
+    pairs = [(got.trainable[n], w) for n, w in want.trainable.items()]
+    pairs += [(got.optimizer[p][s], w) for p, states in want.optimizer.items() for s, w in states.items()]
+    for actual, wanted in pairs:
+        assert np.abs(actual - wanted).max() <= 1e-5 * max(np.abs(wanted).max(), 1e-30)
+    assert CheckpointState.load_checkpoint(js_file).step == want.step
+
+
+def test_node_and_wasm(fixtures):
+    run_node_tests(fixtures, "test/checkpoint.test.js", "test/training.test.js")
+    for engine in ("node", "web"):
+        for case in reference.CASES:
+            assert_loads_back(fixtures / case / f"js_{engine}.ckpt", fixtures / case / "expected.ckpt")
+        assert_loads_back(fixtures / "resume" / f"js_{engine}.ckpt", fixtures / reference.RESUME_CASE / "expected.ckpt")
+
+
+def test_chromium(fixtures):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set CHROMIUM) to run the browser test")
+    run_node_tests(fixtures, "test/browser.test.js")
+    for case in ("mlp_sgd", "mlp_adamw", "cnn_adamw"):
+        assert_loads_back(fixtures / case / "js_browser.ckpt", fixtures / case / "expected.ckpt")
+    assert_loads_back(fixtures / "resume" / "js_browser.ckpt", fixtures / reference.RESUME_CASE / "expected.ckpt")
+
+
+def test_type_declarations(fixtures):
+    """The .d.ts files describe the documented usage (tsc, no emit)."""
+    result = subprocess.run(["npx", "--no-install", "tsc", "-p", "tsconfig.json"], cwd=JS, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
