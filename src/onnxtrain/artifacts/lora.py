@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from onnxtrain.artifacts.params import plan_parameters
 from onnxtrain.artifacts.source import SourceModel
-from onnxtrain.lora import LoRA, LoRAMeta, inject_lora
+from onnxtrain.errors import LoRAError
+from onnxtrain.lora import InjectLoRA, LoRA, LoRAMeta, lora_meta
 
 __all__ = ["apply_lora"]
 
@@ -22,13 +23,14 @@ def apply_lora(source: SourceModel, lora: LoRA, requires_grad: Sequence[str] | N
     weight becomes a frozen parameter (in the checkpoint); otherwise only ``frozen_params`` are, and the rest
     stay constants of the graphs.
     """
-    meta = inject_lora(source.model.graph, source.weights, lora)
+    source.model = InjectLoRA(lora, source.weights)(source.model).model
+    meta = lora_meta(source.model)
     targeted = {a.weight for a in meta.adapters}
     for pattern in requires_grad or []:
         both = sorted(w for w in targeted if w == pattern or fnmatch.fnmatchcase(w, pattern))
         if both:
-            raise ValueError(f"requires_grad {pattern!r} names {both[0]!r}, which carries a LoRA adapter and stays "
-                             "frozen; - help: leave it out of requires_grad, or out of the LoRA targets")
+            raise LoRAError(f"requires_grad {pattern!r} names {both[0]!r}, which carries a LoRA adapter and stays "
+                            "frozen; - help: leave it out of requires_grad, or out of the LoRA targets")
     adapters = list(dict.fromkeys(n for a in meta.adapters for n in (a.A, a.B)))
     train = [*adapters, *(n for n in requires_grad or [] if n not in adapters)]
     if not lora.freeze_base:

@@ -1,8 +1,8 @@
 """Low-rank adapters (LoRA), compatible with Hugging Face PEFT's adapter files.
 
-- :class:`LoRA` configures ``generate_artifacts(..., lora=LoRA(...))``; :func:`inject_lora` is the graph pass.
-- :func:`merge_adapters` folds the adapters into their weights (``export_model_for_inferencing(...,
-  merge_adapters=True)``).
+- :class:`LoRA` configures ``generate_artifacts(..., lora=LoRA(...))``.
+- :class:`InjectLoRA` is the graph pass that adds them; :class:`MergeAdapters` folds them into their weights
+  (``export_model_for_inferencing(..., merge_adapters=True)``).
 - :func:`save_peft_adapter` writes a PEFT adapter folder from a checkpoint; :meth:`LoRA.from_peft` starts from one.
 """
 
@@ -13,24 +13,26 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from onnxtrain.lora.config import LORA_META, Adapter, LoRA, LoRAMeta, adapter_param_names
-from onnxtrain.lora.inject import inject_lora
-from onnxtrain.lora.merge import merge_adapters
+from onnxtrain.conventions import LORA_META
+from onnxtrain.errors import LoRAError
+from onnxtrain.lora.config import Adapter, LoRA, LoRAMeta, adapter_param_names
+from onnxtrain.lora.inject import InjectLoRA
+from onnxtrain.lora.merge import MergeAdapters
 from onnxtrain.lora.peft import read_peft_adapter, write_peft_adapter
 
 if TYPE_CHECKING:
     from onnxtrain.runtime.state import CheckpointState
 
-__all__ = ["LoRA", "LoRAMeta", "Adapter", "LORA_META", "adapter_param_names", "inject_lora", "merge_adapters",
-           "save_peft_adapter", "read_peft_adapter", "write_peft_adapter", "lora_meta"]
+__all__ = ["LoRA", "LoRAMeta", "Adapter", "LORA_META", "LoRAError", "adapter_param_names", "InjectLoRA",
+           "MergeAdapters", "save_peft_adapter", "read_peft_adapter", "write_peft_adapter", "lora_meta"]
 
 
 def lora_meta(model: onnx.ModelProto | str | os.PathLike) -> LoRAMeta:
-    """The adapters recorded in a training or eval model; ValueError if it has none."""
+    """The adapters recorded in a training or eval model; LoRAError (a ValueError) if it has none."""
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(os.fspath(model), load_external_data=False)
     meta = LoRAMeta.from_model(proto)
     if meta is None:
-        raise ValueError("the model has no LoRA adapters: generate the artifacts with lora=LoRA(...) "
+        raise LoRAError("the model has no LoRA adapters: generate the artifacts with lora=LoRA(...) "
                          "(onnxtrain generate --lora-rank R --lora-targets ...)")
     return meta
 

@@ -10,11 +10,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import onnx
 
+from onnxtrain.conventions import LORA_META
+
 __all__ = ["LoRA", "Adapter", "LoRAMeta", "LORA_META", "adapter_param_names"]
-
-#: metadata_props key of the training and eval models holding the adapters (JSON, see :class:`LoRAMeta`)
-LORA_META = "onnxtrain.lora"
-
 
 def adapter_param_names(module: str) -> tuple[str, str]:
     """The parameter names of a module's adapter: PEFT's key names without ``base_model.model.``."""

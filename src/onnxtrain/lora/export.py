@@ -7,7 +7,7 @@ import os
 import onnx
 
 from onnxtrain.ir.files import atomic_write_bytes
-from onnxtrain.lora import LoRAMeta, merge_adapters
+from onnxtrain.lora import LoRAMeta, MergeAdapters
 
 __all__ = ["merge_exported_model"]
 
@@ -17,7 +17,7 @@ _PROTO_LIMIT = (1 << 31) - (64 << 20)  # protobuf cannot serialize a message of 
 def merge_exported_model(meta: LoRAMeta, path: str | os.PathLike) -> None:
     """Rewrite the inference model at ``path`` with the adapters of ``meta`` merged."""
     path = os.fspath(path)
-    merged = merge_adapters(onnx.load(path), meta)
+    merged = MergeAdapters(meta)(onnx.load(path)).model
     if merged.ByteSize() > _PROTO_LIMIT:
         onnx.save_model(merged, path, save_as_external_data=True, all_tensors_to_one_file=True,
                         location=os.path.basename(path) + ".data")

@@ -12,6 +12,10 @@ where ``x' = Dropout(x, dropout, training_mode=True)`` when ``dropout > 0`` (the
 ``x`` otherwise. ``A`` (rank x in) is Kaiming-uniform as ``torch.nn.Linear``'s default (bound ``1/sqrt(in)``,
 PEFT's choice), ``B`` (out x rank) zeros, so the model's outputs are unchanged until training moves ``B``.
 The wrapped node writes ``{y}/lora_base``; an ``Add`` writes ``y``. ``W`` is never a trainable parameter.
+
+Cases: each candidate node some target matches gets an adapter; a weight read by several matched nodes of
+one module (tied) gets one ``A`` / ``B`` pair for all of them; every other node is left alone. A target that
+matches no candidate is a :class:`~onnxtrain.errors.LoRAError` that lists the candidates.
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnxtrain.errors import LoRAError
+from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import used_names
 from onnxtrain.lora.config import Adapter, LoRA, LoRAMeta, adapter_param_names
 
-__all__ = ["inject_lora", "module_path", "Candidate", "candidates"]
+__all__ = ["InjectLoRA", "module_path", "Candidate", "candidates"]
 
 
 def module_path(weight: str, node_name: str) -> str:
@@ -105,7 +111,7 @@ def _initial(lora: LoRA, name: str, shape: tuple[int, ...], dtype: np.dtype, rng
     if given is not None:
         given = np.asarray(given)
         if given.size != math.prod(shape):
-            raise ValueError(f"LoRA initial value {name!r} has shape {given.shape}, the model needs {shape}")
+            raise LoRAError(f"LoRA initial value {name!r} has shape {given.shape}, the model needs {shape}")
         return given.reshape(shape).astype(dtype)
     if zeros:
         return np.zeros(shape, dtype)
@@ -113,10 +119,38 @@ def _initial(lora: LoRA, name: str, shape: tuple[int, ...], dtype: np.dtype, rng
     return rng.uniform(-bound, bound, size=shape).astype(dtype)
 
 
-def inject_lora(graph: onnx.GraphProto, weights: dict[str, np.ndarray], lora: LoRA) -> LoRAMeta:
-    """Add adapters to ``graph`` (whose initializers live in ``weights``) in place; the new parameters are added
-    to ``weights``. Returns the record to store in the artifacts' metadata. Raises ValueError when a target
-    matches no candidate weight."""
+class InjectLoRA(Pass):
+    """Add ``lora``'s adapters to a model whose initializers live outside it, in ``weights`` (the generator's
+    source model); the pass adds ``A`` and ``B`` to ``weights`` and records the adapters in the returned
+    model's metadata (:meth:`LoRAMeta.from_model`).
+
+    Args:
+        lora: the configuration.
+        weights: the model's initializer values by name; updated in place.
+    """
+
+    def __init__(self, lora: LoRA, weights: dict[str, np.ndarray]):
+        self.lora, self.weights = lora, weights
+
+    def call(self, model: onnx.ModelProto) -> PassResult:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        meta = _inject(out.graph, self.weights, self.lora)
+        meta.attach(out)
+        return PassResult(out, True)
+
+    def ensures(self, model: onnx.ModelProto) -> None:
+        """The checker on a copy that declares the outside weights as graph inputs (no tensor data copied)."""
+        probe = onnx.ModelProto()
+        probe.CopyFrom(model)
+        declared = {i.name for i in probe.graph.input}
+        probe.graph.input.extend(
+            helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+            for n, v in self.weights.items() if n not in declared)
+        super().ensures(probe)
+
+
+def _inject(graph: onnx.GraphProto, weights: dict[str, np.ndarray], lora: LoRA) -> LoRAMeta:
     _replace_base_values(weights, lora)
     found = list(candidates(graph, weights))
     chosen: dict[int, Candidate] = {}
@@ -124,13 +158,13 @@ def inject_lora(graph: onnx.GraphProto, weights: dict[str, np.ndarray], lora: Lo
         hits = [c for c in found if _matches(pattern, c)]
         if not hits:
             listed = ", ".join(dict.fromkeys(c.module for c in found[:8]))
-            raise ValueError(f"LoRA target {pattern!r} matches no MatMul / Gemm / 1x1 Conv weight ({len(found)} "
-                             f"candidates: {listed}{', ...' if len(found) > 8 else ''}); targets match weight "
-                             "names, module paths and node names")
+            raise LoRAError(f"LoRA target {pattern!r} matches no MatMul / Gemm / 1x1 Conv weight ({len(found)} "
+                            f"candidates: {listed}{', ...' if len(found) > 8 else ''}); targets match weight "
+                            "names, module paths and node names")
         chosen.update((id(c.node), c) for c in hits)
     unknown = set(lora.initial or {}) - {n for c in chosen.values() for n in adapter_param_names(c.module)}
     if unknown:
-        raise ValueError(f"LoRA initial values for {sorted(unknown)[:4]} match no targeted module")
+        raise LoRAError(f"LoRA initial values for {sorted(unknown)[:4]} match no targeted module")
 
     names = _Names(used_names(graph) | set(weights))
     rng = np.random.default_rng(lora.seed)
@@ -152,12 +186,12 @@ def inject_lora(graph: onnx.GraphProto, weights: dict[str, np.ndarray], lora: Lo
 def _replace_base_values(weights: dict[str, np.ndarray], lora: LoRA) -> None:
     for name, value in (lora.base_values or {}).items():
         if name not in weights:
-            raise ValueError(f"LoRA base value {name!r} (e.g. a PEFT modules_to_save tensor) is not an initializer "
+            raise LoRAError(f"LoRA base value {name!r} (e.g. a PEFT modules_to_save tensor) is not an initializer "
                              "of the model; torch's exporter keeps the names of Gemm weights but renames "
                              "pre-transposed MatMul weights (onnx::MatMul_...)")
         value = np.asarray(value)
         if value.shape != weights[name].shape:
-            raise ValueError(f"LoRA base value {name!r} has shape {value.shape}, the model's is {weights[name].shape}")
+            raise LoRAError(f"LoRA base value {name!r} has shape {value.shape}, the model's is {weights[name].shape}")
         weights[name] = value.astype(weights[name].dtype)
 
 
@@ -172,7 +206,7 @@ def _wrap(c: Candidate, lora: LoRA, weights: dict[str, np.ndarray], names: _Name
     for name, shape, zeros in ((a_name, a_shape, False), (b_name, b_shape, True)):
         if name in weights:
             if weights[name].shape != shape:
-                raise ValueError(f"LoRA: module {c.module!r} is used with shapes {weights[name].shape} and {shape}")
+                raise LoRAError(f"LoRA: module {c.module!r} is used with shapes {weights[name].shape} and {shape}")
             continue
         names.taken.add(name)
         weights[name] = _initial(lora, name, shape, dtype, rng, c.in_features, zeros)

@@ -13,10 +13,12 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxtrain.errors import LoRAError
+from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import node_inputs
 from onnxtrain.lora.config import Adapter, LoRAMeta
 
-__all__ = ["merge_adapters", "merged_weight"]
+__all__ = ["MergeAdapters", "merged_weight"]
 
 
 def merged_weight(w: np.ndarray, a: np.ndarray, b: np.ndarray, adapter: Adapter, scale: float) -> np.ndarray:
@@ -27,18 +29,31 @@ def merged_weight(w: np.ndarray, a: np.ndarray, b: np.ndarray, adapter: Adapter,
     return (w.astype(np.float64) + delta.reshape(w.shape)).astype(w.dtype)
 
 
-def merge_adapters(model: onnx.ModelProto, meta: LoRAMeta) -> onnx.ModelProto:
-    """Return a copy of ``model`` (an inference model with its weights as initializers) with every adapter
-    of ``meta`` merged into its weight (adapters the export pruned away are ignored)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    graph = out.graph
+class MergeAdapters(Pass):
+    """Merge every adapter of ``meta`` into its weight, in an inference model that holds its weights as
+    initializers (adapters the export pruned away are ignored).
+
+    Args:
+        meta: the adapters, as the artifacts' metadata records them.
+    """
+
+    def __init__(self, meta: LoRAMeta):
+        self.meta = meta
+
+    def call(self, model: onnx.ModelProto) -> PassResult:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        _merge(out.graph, self.meta)
+        return PassResult(out, True)
+
+
+def _merge(graph: onnx.GraphProto, meta: LoRAMeta) -> None:
     written = {o for n in graph.node for o in n.output}
     meta = replace(meta, adapters=[a for a in meta.adapters if a.base_output in written])  # others were pruned
     inits = {i.name: i for i in graph.initializer}
     missing = [n for a in meta.adapters for n in (a.weight, a.A, a.B) if n not in inits]
     if missing:
-        raise ValueError(f"cannot merge the adapters: {missing[:4]} are not initializers of the model")
+        raise LoRAError(f"cannot merge the adapters: {missing[:4]} are not initializers of the model")
     dropped = {n for a in meta.adapters for n in a.nodes}
     base_nodes = {n.output[0]: n for n in graph.node if n.output}
     in_place = _in_place_weights(graph, meta)
@@ -47,7 +62,7 @@ def merge_adapters(model: onnx.ModelProto, meta: LoRAMeta) -> onnx.ModelProto:
     for a in meta.adapters:
         node = base_nodes.get(a.base_output)
         if node is None:
-            raise ValueError(f"cannot merge the adapter of {a.module!r}: no node writes {a.base_output!r}")
+            raise LoRAError(f"cannot merge the adapter of {a.module!r}: no node writes {a.base_output!r}")
         name = a.weight if a.weight in in_place else f"{a.weight}/merged/{a.module}"
         if name not in new_inits:
             arrays = [numpy_helper.to_array(inits[n]) for n in (a.weight, a.A, a.B)]
@@ -62,7 +77,6 @@ def merge_adapters(model: onnx.ModelProto, meta: LoRAMeta) -> onnx.ModelProto:
     tensors += new_inits.values()
     del graph.initializer[:]
     graph.initializer.extend(t for t in tensors if t.name in used)
-    return out
 
 
 def _in_place_weights(graph: onnx.GraphProto, meta: LoRAMeta) -> set[str]:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from onnxtrain.errors import LoRAError
 from onnxtrain.lora.config import LoRA, LoRAMeta, adapter_param_names
 
 __all__ = ["write_peft_adapter", "read_peft_adapter", "PEFT_PREFIX", "CONFIG_FILE", "WEIGHTS_FILE"]
@@ -71,8 +72,8 @@ def read_peft_adapter(path: str | os.PathLike, **overrides) -> LoRA:
     """A :class:`LoRA` with the rank, alpha, dropout, target modules and weights of a PEFT adapter folder.
 
     Tensors of ``modules_to_save`` become ``base_values`` (by torch parameter name, which the ONNX model must
-    share). ``overrides`` replace fields (e.g. ``seed``). Raises ValueError for adapters onnxtrain cannot reproduce
-    (DoRA, per-module ranks or alphas, ``fan_in_fan_out``, trained biases).
+    share). ``overrides`` replace fields (e.g. ``seed``). Raises LoRAError (a ValueError) for adapters onnxtrain
+    cannot reproduce (DoRA, per-module ranks or alphas, ``fan_in_fan_out``, trained biases).
     """
     from safetensors.numpy import load_file
 
@@ -84,7 +85,7 @@ def read_peft_adapter(path: str | os.PathLike, **overrides) -> LoRA:
     if config.get("peft_type", "LORA") != "LORA" or config.get("bias", "none") != "none":
         unsupported.append(f"peft_type={config.get('peft_type')}, bias={config.get('bias')}")
     if unsupported:
-        raise ValueError(f"{folder}: the adapter uses {unsupported}, which onnxtrain's LoRA does not support")
+        raise LoRAError(f"{folder}: the adapter uses {unsupported}, which onnxtrain's LoRA does not support")
     tensors = load_file(os.path.join(folder, WEIGHTS_FILE))
     initial: dict[str, np.ndarray] = {}
     base_values: dict[str, np.ndarray] = {}
@@ -97,7 +98,7 @@ def read_peft_adapter(path: str | os.PathLike, **overrides) -> LoRA:
             base_values[name.replace(".modules_to_save.default.", ".").replace(".modules_to_save.", ".")] = value
     modules = list(dict.fromkeys(n.rsplit(".lora_", 1)[0] for n in initial))
     if not modules:
-        raise ValueError(f"{folder}: {WEIGHTS_FILE} holds no lora_A / lora_B tensors")
+        raise LoRAError(f"{folder}: {WEIGHTS_FILE} holds no lora_A / lora_B tensors")
     fields = {"rank": int(config["r"]), "alpha": float(config["lora_alpha"]), "targets": modules,
               "dropout": float(config.get("lora_dropout") or 0.0), "use_rslora": bool(config.get("use_rslora")),
               "initial": initial, "base_values": base_values or None}
