@@ -48,6 +48,7 @@ class MergeAdapters(Pass):
 
 
 def _merge(graph: onnx.GraphProto, meta: LoRAMeta) -> None:
+    """The rewrite, in place."""
     written = {o for n in graph.node for o in n.output}
     meta = replace(meta, adapters=[a for a in meta.adapters if a.base_output in written])  # others were pruned
     inits = {i.name: i for i in graph.initializer}
@@ -55,14 +56,12 @@ def _merge(graph: onnx.GraphProto, meta: LoRAMeta) -> None:
     if missing:
         raise LoRAError(f"cannot merge the adapters: {missing[:4]} are not initializers of the model")
     dropped = {n for a in meta.adapters for n in a.nodes}
-    base_nodes = {n.output[0]: n for n in graph.node if n.output}
+    base_nodes = {n.output[0]: n for n in graph.node if n.output}  # every adapter's base_output is among them
     in_place = _in_place_weights(graph, meta)
 
     new_inits: dict[str, onnx.TensorProto] = {}
     for a in meta.adapters:
-        node = base_nodes.get(a.base_output)
-        if node is None:
-            raise LoRAError(f"cannot merge the adapter of {a.module!r}: no node writes {a.base_output!r}")
+        node = base_nodes[a.base_output]
         name = a.weight if a.weight in in_place else f"{a.weight}/merged/{a.module}"
         if name not in new_inits:
             arrays = [numpy_helper.to_array(inits[n]) for n in (a.weight, a.A, a.B)]
