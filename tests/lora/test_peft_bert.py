@@ -110,6 +110,8 @@ def test_trained_adapter_loads_into_peft_with_the_same_outputs(bert, tmp_path):
     proc = run_cli("generate", path, "-o", tmp_path / "art", "--loss", "cross-entropy", "--lora-rank", "4",
                    "--lora-alpha", "8", "--lora-targets", *TARGETS, "--requires-grad", "classifier.*")
     assert proc.returncode == 0, proc.stderr
+    assert "LoRA:        rank 4, alpha 8 (scale 2), dropout 0 on bert.encoder.layer.0.attention.self.query" \
+        in proc.stdout  # onnxtrain info's summary
     paths = {k: str(tmp_path / "art" / f"{k}_model.onnx") for k in ("training", "eval", "optimizer")}
     state = CheckpointState.load_checkpoint(tmp_path / "art" / "checkpoint")
     module = Module(paths["training"], state, paths["eval"])
