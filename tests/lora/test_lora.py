@@ -131,6 +131,9 @@ def test_dropout_trains_and_is_off_in_eval(tmp_path):
     assert "Dropout" in {n.op_type for n in onnx.load(paths["training"]).graph.node}
     _randomize_b(state)
     x = RNG.normal(size=(2, 6)).astype(np.float32)
+    module.train()  # the adapter's input dropout is on: runs differ (no optimizer attached, nothing changes)
+    runs = [module(x, np.zeros((2, 3), np.float32))[1] for _ in range(3)]
+    assert max(np.abs(r - runs[0]).max() for r in runs[1:]) > 1e-4  # equal masks thrice: p = 2^-24
     module.eval()
     first = module(x, np.zeros((2, 3), np.float32))[1]
     np.testing.assert_array_equal(first, module(x, np.zeros((2, 3), np.float32))[1])
