@@ -17,7 +17,7 @@ from onnxtrain.errors import ArtifactError
 __all__ = [
     "LAZY_RESET_GRAD", "grad_buffer_name", "grad_output_name", "buffer_output_name", "TRAINING_META",
     "OPTIMIZER_META", "LORA_META", "LEARNING_RATE", "STEP", "PARAMS", "GRADIENTS", "GRADIENTS_FINITE", "output_name",
-    "ARTIFACT_FILES", "artifact_file", "TrainingMeta", "OptimizerMeta",
+    "ARTIFACT_FILES", "OPTIONAL_ARTIFACT_FILES", "artifact_file", "TrainingMeta", "OptimizerMeta",
 ]
 
 LAZY_RESET_GRAD = "lazy_reset_grad"
@@ -38,15 +38,17 @@ ARTIFACT_FILES: dict[str, str] = {
     "eval": "eval_model.onnx",
     "optimizer": "optimizer_model.onnx",
     "checkpoint": "checkpoint",
-    "nominal_checkpoint": "nominal_checkpoint",
 }
+# Written only on request (generate_artifacts(nominal_checkpoint=True)): shapes without values.
+OPTIONAL_ARTIFACT_FILES: dict[str, str] = {"nominal_checkpoint": "nominal_checkpoint"}
 
 
 def artifact_file(kind: str, prefix: str = "") -> str:
     """The file name of one artifact: ``artifact_file("training", "mnist_")`` -> ``"mnist_training_model.onnx"``."""
-    if kind not in ARTIFACT_FILES:
-        raise KeyError(f"no artifact kind {kind!r}; kinds: {', '.join(ARTIFACT_FILES)}")
-    return prefix + ARTIFACT_FILES[kind]
+    files = {**ARTIFACT_FILES, **OPTIONAL_ARTIFACT_FILES}
+    if kind not in files:
+        raise KeyError(f"no artifact kind {kind!r}; kinds: {', '.join(files)}")
+    return prefix + files[kind]
 
 
 def grad_buffer_name(param: str) -> str:

@@ -46,8 +46,7 @@ def test_missing_or_damaged_metadata_is_an_artifact_error(cls, key):
 def test_generate_artifacts_writes_the_files_of_the_table(tmp_path):
     paths = generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=blocks.AdamW(),
                                artifact_directory=tmp_path, prefix="p_")
-    written = [kind for kind in conventions.ARTIFACT_FILES if kind != "nominal_checkpoint"]   # nominal: on request
-    assert paths == {kind: str(tmp_path / conventions.artifact_file(kind, "p_")) for kind in written}
+    assert paths == {kind: str(tmp_path / conventions.artifact_file(kind, "p_")) for kind in conventions.ARTIFACT_FILES}
     training = onnx.load(paths["training"])
     meta = TrainingMeta.from_model(training)
     assert meta == TrainingMeta.from_model(onnx.load(paths["eval"]))

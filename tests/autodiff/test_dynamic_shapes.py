@@ -16,21 +16,24 @@ from tests.autodiff.test_rules import ROWS, Row
 from onnxtrain.autodiff.check import check_gradients, gradient_model, run_model, single_node_model
 from onnxtrain.errors import UnsupportedOpError
 
-# Rows whose gradient still needs a static size: each is a known gap, tested to fail until it is closed.
-NOT_YET = "the rule still needs a static size here"
 # Refused with a clear error: a fixed output_shape with a dynamic input size contradicts itself.
 NOT_DYNAMIC: dict[str, str] = {"ConvTranspose-output_shape": "output_shape"}
-STILL_STATIC = {f"{op}-{tag}" for op, tags in {
-    "GroupNormalization": ["2x6x4_6_6", "opset18_per_group"], "LRN": ["2x5x3x2", "even_size"],
-}.items() for tag in tags}
+
+
+# Axes that are part of an op's data layout rather than a size a model varies (DFT's real/complex component).
+LAYOUT_AXES = {"DFT": [-1], "STFT": [-1]}
 
 
 def _symbolic_first_input(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with its first graph input's dimensions renamed to symbols and every other shape inferred
-    again from there (the outputs' declared shapes are dropped)."""
+    """``model`` with its first graph input's dimensions renamed to symbols (but its layout axes) and every
+    other shape inferred again from there (the outputs' declared shapes are dropped)."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
     first = model.graph.input[0]
-    for i, dim in enumerate(first.type.tensor_type.shape.dim):
+    dims = first.type.tensor_type.shape.dim
+    keep = {a % len(dims) for a in LAYOUT_AXES.get(model.graph.node[0].op_type, [])}
+    for i, dim in enumerate(dims):
+        if i in keep:
+            continue
         dim.Clear()
         dim.dim_param = f"d{i}"
     for out in model.graph.output:
@@ -43,13 +46,10 @@ def _row_model(r: Row) -> onnx.ModelProto:
                              input_order=r.order, **r.attrs)
 
 
-def _rows(known_failures: set[str]) -> list:
-    return [pytest.param(r, id=r.id, marks=[pytest.mark.xfail(reason=NOT_YET, strict=True)]
-                         if r.id in known_failures else [])
-            for r in ROWS if np.asarray(next(iter(r.inputs.values()))).ndim > 0]
+DYNAMIC_ROWS = [pytest.param(r, id=r.id) for r in ROWS if np.asarray(next(iter(r.inputs.values()))).ndim > 0]
 
 
-@pytest.mark.parametrize("r", _rows(STILL_STATIC))
+@pytest.mark.parametrize("r", DYNAMIC_ROWS)
 def test_rule_with_symbolic_dimensions(r: Row):
     model = _symbolic_first_input(_row_model(r))
     wrt = [k for k, v in r.inputs.items() if np.issubdtype(np.asarray(v).dtype, np.floating)]
@@ -57,11 +57,11 @@ def test_rule_with_symbolic_dimensions(r: Row):
         with pytest.raises(UnsupportedOpError, match=NOT_DYNAMIC[r.id]):
             check_gradients(model, r.inputs, wrt)
         return
-    report = check_gradients(model, r.inputs, wrt, eps=r.eps, rtol=r.rtol, atol=r.atol)
+    report = check_gradients(model, r.inputs, wrt, eps=r.eps, rtol=r.rtol, atol=r.atol, backend=r.backend)
     assert report.ok, f"{r.id} with symbolic dims: {report}"
 
 
-@pytest.mark.parametrize("r", _rows(STILL_STATIC))
+@pytest.mark.parametrize("r", DYNAMIC_ROWS)
 def test_symbolic_gradient_graph_runs_on_onnxruntime(r: Row):
     """The float32 gradient graph, built with symbolic dims, on onnxruntime against the float64 reference."""
     import onnxruntime as ort

@@ -15,6 +15,7 @@ import pytest
 
 from onnxtrain.autodiff import GRADIENT_RULES, NON_DIFFERENTIABLE
 from onnxtrain.autodiff.check import check_gradients, single_node_model
+from onnxtrain.autodiff.unsupported import UNSUPPORTED
 
 rng = np.random.default_rng(1234)
 
@@ -60,6 +61,7 @@ class Row:
     eps: float = 1e-6
     rtol: float = 1e-4
     atol: float = 1e-6
+    backend: str = "reference"                          # runs the finite differences
 
     @property
     def id(self) -> str:
@@ -318,6 +320,9 @@ row("GroupNormalization", {"x": randn(2, 6, 4), "s": randn(6), "b": randn(6)}, {
     torch=lambda x, s, b: F().group_norm(x, 3, s, b))
 row("GroupNormalization", {"x": randn(2, 6, 2, 2), "s": randn(3), "b": randn(3)}, {"num_groups": 3}, opset=18,
     tag="opset18_per_group")
+row("GroupNormalization", {"x": randn(3, 4, 2, 3), "s": randn(4), "b": randn(4)}, {"num_groups": 2, "stash_type": 11},
+    opset=21,
+    tag="4d", torch=lambda x, s, b: F().group_norm(x, 2, s, b))
 row("RMSNormalization", {"x": randn(2, 3, 4), "s": randn(4)}, opset=23,
     torch=lambda x, s: F().rms_norm(x, (4,), s, eps=1e-5))
 row("RMSNormalization", {"x": randn(2, 3, 4), "s": randn(3, 1)}, {"axis": 1}, opset=23, tag="axis1_broadcast_scale")
@@ -423,6 +428,55 @@ row("GridSample", {"x": randn(1, 2, 4, 5), "g": uniform(-1.2, 1.2, 1, 3, 2, 2)},
     opset=22, tag="cubic", torch=lambda x, g: F().grid_sample(x, g, "bicubic", "zeros", True))
 
 
+# -- spectral ------------------------------------------------------------------------------------------------
+def _cplx(x):
+    """(..., 2) real pairs as a complex torch tensor."""
+    return _t().view_as_complex(x.contiguous())
+
+
+row("DFT", {"x": randn(2, 8, 1)}, {"axis": 1}, opset=18, tag="real_axis_attr",
+    torch=lambda x: _t().view_as_real(_t().fft.fft(x[..., 0], dim=1)))
+row("DFT", {"x": randn(3, 5, 2)}, opset=20, tag="complex_default_axis",
+    torch=lambda x: _t().view_as_real(_t().fft.fft(_cplx(x), dim=1)))
+row("DFT", {"x": randn(2, 6, 3, 2)}, {"inverse": 1}, consts={"n": i64(8), "axis": i64(1)}, opset=20,
+    tag="inverse_zero_padded", torch=lambda x: _t().view_as_real(_t().fft.ifft(_cplx(x), n=8, dim=1)))
+row("DFT", {"x": randn(2, 3, 9, 1)}, {"onesided": 1}, consts={"n": i64(6), "axis": i64(2)}, opset=20,
+    tag="rfft_truncated", torch=lambda x: _t().view_as_real(_t().fft.rfft(x[..., 0], n=6, dim=2)))
+row("DFT", {"x": randn(1, 4, 3, 2)}, {"inverse": 1, "onesided": 1}, consts={"_omit": NO_ROI, "axis": i64(1)},
+    order=["x", "_omit", "axis"], opset=20, tag="irfft",
+    torch=lambda x: _t().fft.irfft(_cplx(x), dim=1)[..., None])
+row("DFT", {"x": randn(2, 5, 2)}, {"inverse": 1, "onesided": 1}, consts={"n": i64(7), "axis": i64(1)}, opset=20,
+    tag="irfft_odd_length", torch=lambda x: _t().fft.irfft(_cplx(x), n=7, dim=1)[..., None])
+row("STFT", {"signal": randn(2, 20, 1), "window": uniform(0.5, 1.5, 6)}, {"onesided": 1}, consts={"step": i64(3)},
+    order=["signal", "step", "window"], opset=17, tag="real_window",  # onnx's inference misses the default onesided
+    torch=lambda s, w: _t().view_as_real(_t().stft(s[..., 0], 6, 3, window=w, center=False, onesided=True,
+                                                   return_complex=True).transpose(1, 2)))
+row("STFT", {"signal": randn(1, 16, 2)}, {"onesided": 0}, consts={"step": i64(4), "_omit": NO_ROI, "n": i64(5)},
+    order=["signal", "step", "_omit", "n"], opset=17, tag="complex_frame_length")
+
+# -- patches, determinants, caches ---------------------------------------------------------------------------
+row("Col2Im", {"x": randn(2, 12, 9)}, consts={"image": i64([4, 5]), "block": i64([2, 3])}, opset=18,
+    torch=lambda x: F().fold(x, (4, 5), (2, 3)))
+row("Col2Im", {"x": randn(1, 8, 12)}, {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 1, 1, 1]},
+    consts={"image": i64([5, 4]), "block": i64([2, 2])}, opset=18, tag="strided_dilated_padded",
+    torch=lambda x: F().fold(x, (5, 4), (2, 2), dilation=(1, 2), padding=1, stride=(2, 1)))
+row("Col2Im", {"x": randn(1, 4, 12)}, consts={"image": i64([2, 3, 4]), "block": i64([1, 2, 2])}, opset=18, tag="3d")
+# onnx.reference rounds DeformConv's sampling coordinates to float32: finite differences on onnxruntime (float64)
+row("DeformConv", {"x": randn(1, 1, 4, 4), "w": randn(1, 1, 2, 2), "off": uniform(-1.8, 1.8, 1, 8, 3, 3)},
+    {"kernel_shape": [2, 2]}, opset=22, backend="ort")
+row("DeformConv", {"x": randn(2, 4, 5, 4), "w": randn(4, 2, 2, 2), "off": uniform(-1.8, 1.8, 2, 16, 3, 4),
+                   "b": randn(4), "mask": uniform(0.2, 1.0, 2, 8, 3, 4)},
+    {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1], "strides": [2, 1], "dilations": [1, 2], "group": 2,
+     "offset_group": 2}, opset=22, backend="ort", tag="groups_mask_bias_strided_dilated")
+row("Det", {"x": randn(3, 3)}, opset=13, torch=lambda x: _t().linalg.det(x))
+row("Det", {"x": randn(2, 4, 4)}, opset=13, torch=lambda x: _t().linalg.det(x))
+row("Det", {"x": np.array([[1.0, 2.0], [2.0, 4.0]])}, opset=13, tag="singular")  # no inverse needed; torch gives 0
+
+row("TensorScatter", {"past": randn(2, 3, 6, 4), "new": randn(2, 3, 2, 4)}, consts={"w": i64([1, 4])}, opset=24)
+row("TensorScatter", {"past": randn(3, 5, 2), "new": randn(3, 3, 2)}, {"mode": "circular", "axis": 1},
+    consts={"w": i64([0, 3, 4])}, opset=24, tag="circular_axis1")
+row("TensorScatter", {"past": randn(2, 4, 3), "new": randn(2, 2, 3)}, {"axis": 1}, opset=24, tag="no_write_indices")
+
 # -- the table must cover every rule ------------------------------------------------------------------------
 def test_every_rule_has_a_row():
     tested = {r.op for r in ROWS} | set(NON_DIFFERENTIABLE) | set(EXTRA_TESTED)
@@ -430,15 +484,33 @@ def test_every_rule_has_a_row():
     assert not missing, f"rules without a row in the table: {missing}"
 
 
-# Ops checked by dedicated tests in this folder: test_recurrent.py and test_control_flow.py.
-EXTRA_TESTED = {"RNN", "GRU", "LSTM", "If", "Loop", "Scan"}
+# Ops checked by dedicated tests in this folder (test_recurrent.py, test_control_flow.py), and the refused ones
+# (test_refused_ops_raise_with_a_fix below).
+EXTRA_TESTED = {"RNN", "GRU", "LSTM", "If", "Loop", "Scan", *UNSUPPORTED}
+
+REFUSED = {  # op -> a model of it at an opset where it exists
+    "Scatter": lambda: single_node_model("Scatter", {"d": randn(3, 3)}, opset=10,
+                                         constant_inputs={"i": i64([[0, 2, 1]]), "u": randn(1, 3)}),
+    "Upsample": lambda: single_node_model("Upsample", {"x": randn(1, 1, 2, 2).astype(np.float32)}, opset=9,
+                                          constant_inputs={"s": f32([1, 1, 2, 2])}, mode="nearest"),
+}
+
+
+@pytest.mark.parametrize("op", sorted(UNSUPPORTED))
+def test_refused_ops_raise_with_a_fix(op):
+    from onnxtrain.autodiff.check import gradient_model
+    from onnxtrain.errors import UnsupportedOpError
+
+    model = REFUSED[op]()
+    with pytest.raises(UnsupportedOpError, match=rf"^{op} node .* - help: convert the model"):
+        gradient_model(model, [model.graph.input[0].name], {"y0": np.ones(1)})
 
 
 def _run_row(r: Row):
     model = single_node_model(r.op, r.inputs, n_outputs=r.outputs, opset=r.opset, constant_inputs=r.consts,
                               input_order=r.order, **r.attrs)
     wrt = [k for k, v in r.inputs.items() if np.issubdtype(v.dtype, np.floating)]
-    report = check_gradients(model, r.inputs, wrt, eps=r.eps, rtol=r.rtol, atol=r.atol)
+    report = check_gradients(model, r.inputs, wrt, eps=r.eps, rtol=r.rtol, atol=r.atol, backend=r.backend)
     return report
 
 
@@ -521,6 +593,53 @@ def test_symbolic_shapes(op, inputs, attrs):
     wrt = [n for n, v in inputs.items() if v.dtype == np.float64]
     report = check_gradients(model, inputs, wrt)
     assert report.ok, report
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+def test_group_normalization_without_shapes(opset):
+    """Shape inference may leave the rank and sizes unknown (inputs declared without a shape): one gradient
+    graph serves inputs of different ranks and sizes, on onnx.reference and on onnxruntime."""
+    from onnx import helper
+
+    from onnxtrain.autodiff.check import gradient_model, run_model
+
+    graph = helper.make_graph(
+        [helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=2)], "gn",
+        [helper.make_tensor_value_info(n, 1, None) for n in "xsb"], [helper.make_tensor_value_info("y", 1, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    per = 2 if opset == 18 else 4
+    weights = None
+    for shape in [(2, 4, 3), (3, 4, 2, 5)]:
+        feeds = {"x": randn(*shape).astype(np.float32), "s": randn(per).astype(np.float32),
+                 "b": randn(per).astype(np.float32)}
+        report = check_gradients(model, feeds, list(feeds), eps=1e-2, rtol=3e-2, atol=3e-3)
+        assert report.ok, report
+        weights = {"y": randn(*shape).astype(np.float32)}
+        grads = gradient_model(model, list(feeds), weights)
+        for e, g in zip(run_model(grads, feeds), run_model(grads, feeds, backend="ort")):
+            np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
+
+
+def test_mean_variance_normalization_without_shapes():
+    """MeanVarianceNormalization (differentiated through its function body) with the input's rank and sizes
+    unknown, at two ranks with one gradient graph (float32: the body's constants are float32)."""
+    from onnx import helper
+
+    from onnxtrain.autodiff.check import gradient_model, run_model
+
+    graph = helper.make_graph([helper.make_node("MeanVarianceNormalization", ["x"], ["y"], axes=[0, 1])], "mvn",
+                              [helper.make_tensor_value_info("x", 1, None)],
+                              [helper.make_tensor_value_info("y", 1, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    for shape in [(3, 4), (2, 3, 4, 2)]:
+        feeds = {"x": randn(*shape).astype(np.float32)}
+        report = check_gradients(model, feeds, ["x"], eps=1e-2, rtol=3e-2, atol=3e-3)
+        assert report.ok, report
+        grads = gradient_model(model, ["x"], {"y": randn(*shape).astype(np.float32)})
+        np.testing.assert_allclose(run_model(grads, feeds, backend="ort")[1], run_model(grads, feeds)[1],
+                                   rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])

@@ -8,7 +8,9 @@ from onnxtrain.autodiff import (  # noqa: F401  (registration)
     attention,
     control_flow,
     elementwise,
+    im2col,
     linalg,
+    loops,
     loss,
     math,
     nn,
@@ -17,7 +19,9 @@ from onnxtrain.autodiff import (  # noqa: F401  (registration)
     reduce,
     sampling,
     shape,
+    spectral,
     tensor,
+    unsupported,
 )
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.engine import build_gradients

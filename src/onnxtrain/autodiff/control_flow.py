@@ -1,4 +1,4 @@
-"""Gradients through control flow: If (both branches); Loop and Scan are refused with an explanation.
+"""Gradients through control flow: If (both branches); Loop and Scan are in ``loops.py``.
 
 An If node has only the condition as an input: its branches read outer values directly (implicit inputs,
 see ``engine.implicit_inputs``). Its gradient is another If on the same condition whose branches recompute
@@ -14,11 +14,8 @@ from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.engine import vjp
 from onnxtrain.autodiff.registry import register
 from onnxtrain.autodiff.subgraph import infer_infos, value_info
-from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.passes import constant_values, implicit_inputs
-
-UNSUPPORTED: dict[str, str] = {}
 
 
 def _defined(graph: onnx.GraphProto) -> set[str]:
@@ -31,11 +28,12 @@ def _defined(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _renamed_branch(graph: onnx.GraphProto, prefix: str) -> tuple[list[onnx.NodeProto], list[str],
-                                                                   list[onnx.TensorProto]]:
-    """Copies of a branch's nodes, outputs and initializers with every value it defines renamed: the
-    gradient branch recomputes the forward branch next to the original, and names must stay unique."""
-    rename = {n: prefix + n for n in _defined(graph) if n}
+def renamed_graph(graph: onnx.GraphProto, prefix: str) -> tuple[list[onnx.NodeProto], list[str], list[str],
+                                                                 list[onnx.TensorProto]]:
+    """Copies of a subgraph's nodes, inputs, outputs and initializers with every value it defines renamed:
+    the gradient recomputes the forward subgraph (an If branch, a loop body) next to the original, and
+    names must stay unique."""
+    rename = {n: prefix + n for n in _defined(graph) | {v.name for v in graph.input} if n}
 
     count = iter(range(1 << 30))
 
@@ -61,7 +59,8 @@ def _renamed_branch(graph: onnx.GraphProto, prefix: str) -> tuple[list[onnx.Node
         t.CopyFrom(init)
         t.name = rename[init.name]
         inits.append(t)
-    return [fix(n) for n in graph.node], [rename.get(o.name, o.name) for o in graph.output], inits
+    return ([fix(n) for n in graph.node], [rename[v.name] for v in graph.input],
+            [rename.get(o.name, o.name) for o in graph.output], inits)
 
 
 @register("If")
@@ -78,7 +77,7 @@ def if_(ctx: GradContext):
     for key in ("then_branch", "else_branch"):
         graph = next(a.g for a in ctx.node.attribute if a.name == key)
         prefix = ctx.b.unique(f"{name}_{key}_grad") + "/"
-        nodes, outputs, inits = _renamed_branch(graph, prefix)
+        nodes, _, outputs, inits = renamed_graph(graph, prefix)
         sub = GraphBuilder(ctx.b.opset, taken=[*(n.name for n in nodes), *(o for n in nodes for o in n.output)],
                            prefix=prefix)
         consts = {**ctx.constants, **{i.name: onnx.numpy_helper.to_array(i) for i in inits},
@@ -97,19 +96,3 @@ def if_(ctx: GradContext):
     results = results if isinstance(results, list) else [results]
     by_name = dict(zip(wrt, results))
     return [None, *(by_name.get(c) for c in captured)]
-
-
-def _refuse(op_type: str, reason: str) -> None:
-    UNSUPPORTED[op_type] = reason
-
-    def rule(ctx: GradContext):
-        raise UnsupportedOpError(f"{op_type} node {ctx.node.name!r}: {reason}")
-
-    register(op_type)(rule)
-
-
-_refuse("Loop", "gradients through Loop are not supported (the trip count and the carried state vary at run "
-                "time). - help: export with the loop unrolled (a fixed trip count, e.g. torch.onnx.export of a "
-                "Python loop), or freeze the parameters the loop reads (frozen_params / trainable_ops)")
-_refuse("Scan", "gradients through Scan are not supported. - help: export the recurrence unrolled, use the "
-                "RNN/GRU/LSTM ops (which have gradients), or freeze the parameters the Scan reads")

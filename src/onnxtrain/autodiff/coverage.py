@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import onnx
 from onnx import defs
 
-from onnxtrain.autodiff.control_flow import UNSUPPORTED
 from onnxtrain.autodiff.function_body import has_function_body
 from onnxtrain.autodiff.registry import GRADIENT_RULES, NON_DIFFERENTIABLE
+from onnxtrain.autodiff.unsupported import UNSUPPORTED
 
 __all__ = ["OpCoverage", "STATUSES", "PEER_OPS", "coverage_table", "markdown"]
 
@@ -46,16 +46,15 @@ NOTES = {
     "CumProd": "inputs without zeros", "LpNormalization": "p = 1 or 2",
     "ScatterElements": "reduction mul: updates without zeros", "ScatterND": "reduction mul: updates without zeros",
     "Attention": "recomputes the attention in the backward graph",
-    "Det": "needs a matrix inverse, which ONNX lacks", "DeformConv": "no rule yet", "RoiAlign": "no rule yet",
-    "MaxRoiPool": "no rule yet", "Col2Im": "no rule yet (its transpose, im2col, is no ONNX op)",
-    "DFT": "no rule yet", "STFT": "no rule yet", "Unique": "no rule yet", "TensorScatter": "no rule yet",
+    "Det": "cofactors from minors (no inverse)", "DeformConv": "2-D; recomputed from GridSample and MatMul",
+    "RoiAlign": "no rule yet",
+    "MaxRoiPool": "no rule yet", "Col2Im": "constant block_shape (im2col as a Conv with one-hot kernels)",
+    "DFT": "the adjoint transform; constant axis", "STFT": "recomputed from frames and a DFT", "Unique": "no rule yet",
+    "Scan": "opset 10+; a reverse Scan of the step's gradient",
+    "Loop": "opset 10+; a reverse Scan of the step's gradient; not zero iterations on onnxruntime",
     "DequantizeLinear": "no rule yet (quantized training)", "QLinearMatMul": "quantized",
     "BitCast": "reinterprets bits",
 }
-
-
-# Ops whose function body loops (Loop/Scan have no gradient), found by the node-test corpus.
-LOOPING_BODIES = {"LinearAttention": "Scan"}
 
 
 @dataclass(frozen=True)
@@ -96,8 +95,6 @@ def _status(schema: defs.OpSchema) -> tuple[str, str]:
         return "not differentiable", NOTES.get(op, "no floating-point input")
     if op in NON_DIFFERENTIABLE:
         return "zero gradient", "piecewise constant"
-    if op in LOOPING_BODIES:
-        return "unsupported", f"its function body loops with {LOOPING_BODIES[op]}, which has no gradient"
     if has_function_body(op, schema.since_version):
         return "function body", NOTES.get(op, "")
     return "unsupported", NOTES.get(op, "no rule and no function body")

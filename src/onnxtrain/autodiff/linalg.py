@@ -1,6 +1,9 @@
-"""Gradients of matrix products: MatMul (batched, broadcast, 1-D operands) and Gemm."""
+"""Gradients of matrix products: MatMul (batched, broadcast, 1-D operands) and Gemm; and of Det."""
 
 from __future__ import annotations
+
+import numpy as np
+import onnx
 
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.registry import register
@@ -91,3 +94,26 @@ def gemm(ctx: GradContext):
         if beta != 1.0:
             dc = ctx.op.Mul(dc, ctx.const_like(beta, c))
     return da, db, dc
+
+
+@register("Det")
+def det(ctx: GradContext):
+    """y = det(X):  dX = dY cof(X), with the cofactors cof_ij = (-1)^(i+j) det(X without row i and column j).
+
+    That is dY det(X) inverse(X)^T where X is invertible, but needs no inverse (ONNX has none) and holds for
+    singular X too. The minors come from two Gathers with the indices 0..n-1 without i, built at run time.
+    """
+    x, dy, op = ctx.x[0], ctx.dy[0], ctx.op
+    rank = ctx.rank(x)
+    zero, one = ctx.b.const(np.asarray(0, np.int64)), ctx.b.const(np.asarray(1, np.int64))
+    n = op.Reshape(op.Slice(op.Shape(x), ctx.b.ints([-1]), ctx.b.ints([rank])), ctx.b.ints([]))
+    i = ctx.b.unsqueeze(op.Range(zero, n, one), [1])                               # (n, 1)
+    k = ctx.b.unsqueeze(op.Range(zero, op.Sub(n, one), one), [0])                  # (1, n-1)
+    without = op.Add(k, op.Cast(op.Not(op.Less(k, i)), to=onnx.TensorProto.INT64))  # row i: 0..n-1 but i
+    rows = op.Gather(x, without, axis=rank - 2)                                    # (..., i, n-1, n)
+    minors = op.Gather(rows, without, axis=rank)                                   # (..., i, n-1, j, n-1)
+    minors = op.Transpose(minors, perm=[*range(rank - 2), rank - 2, rank, rank - 1, rank + 1])
+    parity = op.Mod(op.Add(i, op.Transpose(i, perm=[1, 0])), ctx.b.const(np.asarray(2, np.int64)))
+    sign = op.Sub(ctx.const_like(1.0, x), op.Mul(ctx.const_like(2.0, x), op.Cast(parity, to=ctx.elem_type(x))))
+    cofactors = op.Mul(op.Det(minors), sign)
+    return (op.Mul(cofactors, ctx.b.unsqueeze(dy, [-2, -1])),)

@@ -12,6 +12,7 @@ import numpy as np
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.nn import _normalized_backward
 from onnxtrain.autodiff.registry import register
+from onnxtrain.autodiff.shape import shape_of
 from onnxtrain.ir.types import np_dtype
 
 
@@ -46,31 +47,32 @@ def instance_normalization(ctx: GradContext):
 @register("GroupNormalization")
 def group_normalization(ctx: GradContext):
     """Statistics over each group of C/G channels (and the spatial axes); scale and bias per channel
-    (opset 21) or per group (opset 18)."""
+    (opset 21) or per group (opset 18).
+
+    Needs neither the rank, the sizes nor the element type (shape inference may leave them unknown): x is
+    viewed as (N, G, C/G * spatial) for the statistics, and as (N, C, spatial) for a per-channel scale.
+    """
     x, scale, _ = ctx.x
-    dy, op, rank = ctx.dy[0], ctx.op, ctx.rank(x)
-    groups = ctx.attr("num_groups")
-    channels = ctx.shape(x)[1]
-    if not isinstance(channels, int):
-        raise ValueError(f"GroupNormalization node {ctx.node.name!r}: the gradient needs a static channel count")
-    per_group = ctx.b.opset < 21
-    grouped = ctx.b.ints([0, groups, -1])                                   # (N, G, C/G * spatial)
-    xhat_g, inv_std = _standardize(ctx, op.Reshape(x, grouped), [2], ctx.attr("epsilon", 1e-5))
-    xhat = op.Reshape(xhat_g, op.Shape(x))
-    if per_group:                                                           # (G,) -> (C,)
-        scale_c = op.Reshape(op.Expand(op.Reshape(scale, ctx.b.ints([groups, 1])),
-                                       ctx.b.ints([groups, channels // groups])), ctx.b.ints([channels]))
-    else:
-        scale_c = scale
-    dxhat_g = op.Reshape(op.Mul(dy, _per_channel(ctx, scale_c, rank)), grouped)
+    dy, op, groups = ctx.dy[0], ctx.op, ctx.attr("num_groups")
+    grouped, by_channel = ctx.b.ints([0, groups, -1]), ctx.b.ints([0, 0, -1])
+    eps = op.CastLike(ctx.b.const(np.asarray(ctx.attr("epsilon", 1e-5), np.float32)), x)
+    xg = op.Reshape(x, grouped)
+    centered = op.Sub(xg, ctx.b.reduce("ReduceMean", xg, [2], keepdims=True))
+    var = ctx.b.reduce("ReduceMean", op.Mul(centered, centered), [2], keepdims=True)
+    inv_std = op.Reciprocal(op.Sqrt(op.Add(var, eps)))
+    xhat_g = op.Mul(centered, inv_std)
+    if ctx.b.opset < 21:                                      # per group: everything in the grouped view
+        dy_g = op.Reshape(dy, grouped)
+        dxhat_g = op.Mul(dy_g, op.Reshape(scale, ctx.b.ints([1, -1, 1])))
+        dscale = ctx.b.reduce("ReduceSum", op.Mul(dy_g, xhat_g), [0, 2], keepdims=False)
+        dbias = ctx.b.reduce("ReduceSum", dy_g, [0, 2], keepdims=False)
+    else:                                                     # per channel: the scale in the channel view
+        dy_c = op.Reshape(dy, by_channel)
+        dxhat_g = op.Reshape(op.Mul(dy_c, op.Reshape(scale, ctx.b.ints([1, -1, 1]))), grouped)
+        xhat_c = op.Reshape(xhat_g, op.Shape(dy_c))
+        dscale = ctx.b.reduce("ReduceSum", op.Mul(dy_c, xhat_c), [0, 2], keepdims=False)
+        dbias = ctx.b.reduce("ReduceSum", dy_c, [0, 2], keepdims=False)
     dx = op.Reshape(op.Mul(_normalized_backward(ctx, xhat_g, dxhat_g, [2]), inv_std), op.Shape(x))
-    outer = [0, *range(2, rank)]
-    dscale = ctx.b.reduce("ReduceSum", op.Mul(dy, xhat), outer, keepdims=False)
-    dbias = ctx.b.reduce("ReduceSum", dy, outer, keepdims=False)
-    if per_group:
-        by_group = ctx.b.ints([groups, channels // groups])
-        dscale = ctx.b.reduce("ReduceSum", op.Reshape(dscale, by_group), [1], keepdims=False)
-        dbias = ctx.b.reduce("ReduceSum", op.Reshape(dbias, by_group), [1], keepdims=False)
     return dx, dscale, dbias
 
 
@@ -131,11 +133,11 @@ def lrn(ctx: GradContext):
     size, alpha, beta = ctx.attr("size"), ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75)
     bias = ctx.attr("bias", 1.0)
     channels = ctx.shape(x)[1]
-    if not isinstance(channels, int):
-        raise ValueError(f"LRN node {ctx.node.name!r}: the gradient needs a static channel count")
     lo, hi = (size - 1) // 2, (size - 1) - (size - 1) // 2          # window(c) = [c - lo, c + hi]
     ones = ctx.b.const(np.ones((1, 1, size, 1), dtype=np_dtype(ctx.elem_type(x))))
-    as_image = ctx.b.ints([0, 1, channels, -1])                    # (N, 1, C, rest): a window sum is a Conv
+    # (N, 1, C, rest): a window sum over channels is a Conv (C read at run time when it is not static)
+    as_image = (ctx.b.ints([0, 1, channels, -1]) if isinstance(channels, int) else
+                op.Concat(ctx.b.ints([0, 1]), shape_of(ctx.b, x, 1, 2), ctx.b.ints([-1]), axis=0))
 
     def window_sum(v: str, before: int, after: int) -> str:
         summed = op.Conv(op.Reshape(v, as_image), ones, pads=[before, 0, after, 0])

@@ -349,3 +349,32 @@ def _place(ctx: GradContext, g: str, target: list[str], first: list[str], x: str
     # "..." leads and may be broadcast in x: expand to the broadcast shape, then sum back over what x broadcast.
     broadcast_rank = max(rank, ell_rank + len(target) - 1)
     return ctx.unbroadcast(ctx.op.Expand(g, ctx.op.Shape(x)), x, grad_shape=[None] * broadcast_rank)
+
+
+@register("TensorScatter")
+def tensor_scatter(ctx: GradContext):
+    """The cache with the update written at positions w_b + s (modulo the cache's length if circular) along
+    ``axis``: dUpdate reads dY there, dPast is dY with those positions cleared."""
+    past, update = ctx.x[0], ctx.x[1]
+    writes = _input(ctx, 2)
+    dy, op = ctx.dy[0], ctx.op
+    rank = ctx.rank(past)
+    axis = ctx.attr("axis", -2) % rank
+    zero, one = ctx.b.const(np.asarray(0, np.int64)), ctx.b.const(np.asarray(1, np.int64))
+
+    def length(v: str) -> str:
+        return op.Reshape(op.Slice(op.Shape(v), ctx.b.ints([axis]), ctx.b.ints([axis + 1])), ctx.b.ints([]))
+
+    positions = ctx.b.unsqueeze(op.Range(zero, length(update), one), [0])          # (1, S)
+    if writes is not None:
+        positions = op.Add(positions, ctx.b.unsqueeze(op.Cast(writes, to=onnx.TensorProto.INT64), [1]))  # (B, S)
+    if ctx.attr("mode", "linear") == "circular":
+        positions = op.Mod(positions, length(past))
+    if axis == 0:
+        raise ValueError(f"TensorScatter node {ctx.node.name!r}: axis 0 is the batch axis, not a sequence axis")
+    # (B, S) -> (B, 1, .., S at axis, 1, ..), then to the update's shape
+    view = op.Reshape(positions, ctx.b.ints([0, *[1] * (axis - 1), -1, *[1] * (rank - axis - 1)]))
+    index = op.Expand(view, op.Shape(update))
+    d_update = op.GatherElements(dy, index, axis=axis)
+    d_past = op.ScatterElements(dy, index, _zeros(ctx, update), axis=axis)
+    return d_past, d_update, None

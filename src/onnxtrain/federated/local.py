@@ -24,8 +24,7 @@ def artifact_paths(artifacts_dir: str | os.PathLike | None, need_optimizer: bool
     if not artifacts_dir:
         raise ValueError("no artifacts directory: set 'artifacts-dir' in the run config or node config "
                          "(or pass artifacts_dir=... to the settings)")
-    paths = {kind: os.path.join(os.fspath(artifacts_dir), name) for kind, name in ARTIFACT_FILES.items()
-             if kind != "nominal_checkpoint"}  # optional (generate_artifacts(nominal_checkpoint=True)); unused here
+    paths = {kind: os.path.join(os.fspath(artifacts_dir), name) for kind, name in ARTIFACT_FILES.items()}
     missing = [p for kind, p in paths.items() if not os.path.exists(p) and (need_optimizer or kind != "optimizer")]
     if missing:
         raise FileNotFoundError(f"artifacts missing in {os.fspath(artifacts_dir)!r}: {missing}; write them with "
