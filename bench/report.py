@@ -214,6 +214,17 @@ def figures_row(w, impl, row, errors):
             f"| {row['load']:.1f} | {err} |")
 
 
+def _kept_sections(path: str) -> str:
+    """Sections other scripts maintain in the same file (bench/lora.py's), kept when the file is rewritten."""
+    if not os.path.exists(path):
+        return ""
+    text = open(path).read()
+    begin, end = "<!-- lora:begin", "<!-- lora:end -->"
+    if begin not in text or end not in text:
+        return ""
+    return "\n" + text[text.index(begin):text.index(end) + len(end)] + "\n"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results", nargs="?", help="a bench/results/*.jsonl file (default: the newest)")
@@ -228,6 +239,7 @@ def main(argv=None):
     source = os.path.relpath(os.path.abspath(path), root) if os.path.abspath(path).startswith(root) else path
     text = render(recs, run_id, source)
     if args.out:
+        text += _kept_sections(args.out)
         with open(args.out, "w") as f:
             f.write(text)
     else:

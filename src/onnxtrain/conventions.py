@@ -16,7 +16,7 @@ from onnxtrain.errors import ArtifactError
 
 __all__ = [
     "LAZY_RESET_GRAD", "grad_buffer_name", "grad_output_name", "buffer_output_name", "TRAINING_META",
-    "OPTIMIZER_META", "LEARNING_RATE", "STEP", "PARAMS", "GRADIENTS", "GRADIENTS_FINITE", "output_name",
+    "OPTIMIZER_META", "LORA_META", "LEARNING_RATE", "STEP", "PARAMS", "GRADIENTS", "GRADIENTS_FINITE", "output_name",
     "ARTIFACT_FILES", "OPTIONAL_ARTIFACT_FILES", "artifact_file", "TrainingMeta", "OptimizerMeta",
 ]
 
@@ -30,6 +30,7 @@ GRADIENTS_FINITE = "gradients_finite"  # optimizer output: False when a gradient
 # metadata_props keys holding a JSON description of each artifact's interface
 TRAINING_META = "onnxtrain.training"
 OPTIMIZER_META = "onnxtrain.optimizer"
+LORA_META = "onnxtrain.lora"  # training and eval models with LoRA adapters (onnxtrain.lora.LoRAMeta)
 
 # artifact kind -> file name (generate_artifacts prepends its ``prefix``)
 ARTIFACT_FILES: dict[str, str] = {

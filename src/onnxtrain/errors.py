@@ -9,6 +9,7 @@ __all__ = [
     "ArtifactError",
     "ExecutionError",
     "PassError",
+    "LoRAError",
 ]
 
 
@@ -44,3 +45,8 @@ class ExecutionError(OnnxTrainError, RuntimeError):
 class PassError(OnnxTrainError, RuntimeError):
     """A graph pass cannot rewrite the model it was given, or produced a model that breaks its postconditions
     (the ONNX checker, the default domain only)."""
+
+
+class LoRAError(OnnxTrainError, ValueError):
+    """A LoRA configuration or adapter file does not fit the model: a target that matches no weight, initial
+    values of the wrong shape, an adapter feature onnxtrain does not reproduce, a model without adapters."""

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import onnx
 
 from onnxtrain.artifacts.graphs import build_graphs
+from onnxtrain.artifacts.lora import apply_lora
 from onnxtrain.artifacts.optimizer import build_optimizer_model
 from onnxtrain.artifacts.params import plan_parameters
 from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
@@ -19,6 +20,7 @@ from onnxtrain.checkpoint import CheckpointData, save_checkpoint
 from onnxtrain.conventions import artifact_file
 from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.files import atomic_write_bytes
+from onnxtrain.lora import LoRA
 
 __all__ = ["generate_artifacts", "LossType", "OptimType", "convert_to_ort"]
 
@@ -87,6 +89,7 @@ def generate_artifacts(
     nominal_checkpoint: bool = False,
     loss_input_names: Sequence[str] | None = None,
     trainable_ops: int = -1,
+    lora: LoRA | None = None,
 ) -> dict[str, str]:
     """Write ``{prefix}training_model.onnx``, ``eval_model.onnx``, ``optimizer_model.onnx`` and ``checkpoint``.
 
@@ -109,6 +112,8 @@ def generate_artifacts(
         loss_input_names: model values passed to the loss (default: the first model output for built-in
             losses, every model output for custom blocks).
         trainable_ops: train only the parameters of the last N nodes (-1: all, 0: none).
+        lora: low-rank adapters (:class:`~onnxtrain.lora.LoRA`) on the targeted weights, which stay frozen; then
+            ``requires_grad`` names what trains beside the adapters (None: the adapters only).
 
     Returns:
         A mapping from artifact kind ("training", "eval", "optimizer", "checkpoint", "nominal_checkpoint") to
@@ -120,9 +125,15 @@ def generate_artifacts(
     loss_block, all_outputs = _resolve_loss(loss)
     opt_block = _resolve_optimizer(optimizer)
     def build(source):
-        plan = plan_parameters(source.model.graph, source.weights, requires_grad, frozen_params, trainable_ops)
-        return plan, build_graphs(source.model, source.weights, plan, loss_block, loss_input_names,
-                                  additional_output_names, all_outputs)
+        train, frozen, lora_meta = (apply_lora(source, lora, requires_grad, frozen_params) if lora is not None
+                                    else (requires_grad, frozen_params, None))
+        plan = plan_parameters(source.model.graph, source.weights, train, frozen, trainable_ops)
+        graphs = build_graphs(source.model, source.weights, plan, loss_block, loss_input_names,
+                              additional_output_names, all_outputs)
+        if lora_meta is not None:  # the runtime's merge and the PEFT export read it
+            lora_meta.attach(graphs.training)
+            lora_meta.attach(graphs.eval)
+        return plan, graphs
 
     source = load_source_model(model)
     try:  # at the model's own opset, as the peer; some gradients need ops of newer opsets

@@ -17,11 +17,15 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub) -> None:
     p = sub.add_parser("export", help="write an inference model with the trained weights", description=__doc__)
     p.add_argument("dir", metavar="DIR", help="the artifact folder")
-    p.add_argument("-o", "--output", required=True, metavar="MODEL.onnx", help="the inference model to write")
+    p.add_argument("-o", "--output", required=True, metavar="MODEL.onnx",
+                   help="the inference model to write (with --adapter: the adapter folder)")
     p.add_argument("--outputs", nargs="+", metavar="NAME", help="graph outputs (default: the model's outputs)")
     p.add_argument("--checkpoint", metavar="last|best|initial|PATH",
                    help="which weights (default: the last training checkpoint, else the initial one)")
     p.add_argument("--prefix", default="", help="the file-name prefix given to generate")
+    p.add_argument("--merge-adapters", action="store_true", help="fold LoRA adapters into their weights")
+    p.add_argument("--adapter", action="store_true", help="write only the LoRA adapters (and other trained "
+                   "tensors) as a Hugging Face PEFT folder: adapter_model.safetensors + adapter_config.json")
     p.set_defaults(run=run)
 
 
@@ -32,13 +36,19 @@ def run(args: argparse.Namespace) -> int:
 
     artifacts = Artifacts.locate(args.dir, args.prefix)
     checkpoint = artifacts.resolve_checkpoint(args.checkpoint)
+    if args.adapter:
+        from onnxtrain.cli.lora import export_adapter
+
+        paths = export_adapter(artifacts.training, checkpoint, args.output)
+        print(f"wrote {', '.join(os.path.basename(p) for p in paths.values())} to {args.output} from {checkpoint}")
+        return 0
     quiet_onnxruntime()
     folder = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"cannot write {args.output}: the folder {folder} does not exist")
     state = CheckpointState.load_checkpoint(checkpoint)
     module = Module(read_model(artifacts.training, "training model"), state, read_model(artifacts.eval, "eval model"))
-    module.export_model_for_inferencing(args.output, args.outputs)
+    module.export_model_for_inferencing(args.output, args.outputs, merge_adapters=args.merge_adapters)
     session = ort.InferenceSession(args.output, providers=["CPUExecutionProvider"])
     io = lambda values: ", ".join(f"{v.name}: {v.type}{shape_text(v.shape)}" for v in values)  # noqa: E731
     print(f"wrote {args.output} ({human_bytes(os.path.getsize(args.output))}) from {checkpoint}")

@@ -12,6 +12,7 @@ import json
 import os
 
 from onnxtrain.cli.common import TRAIN_CONFIG_KEY, CliError, read_model
+from onnxtrain.cli.lora import add_lora_options, lora_config
 from onnxtrain.cli.train import add_train_options, given_options, resolve_options
 
 __all__ = ["add_parser", "run", "LOSSES", "OPTIMIZERS", "loss_block", "optimizer_block"]
@@ -74,6 +75,7 @@ def add_parser(sub) -> None:
     g.add_argument("--frozen", nargs="+", metavar="NAME", help="parameters to keep fixed, by name or glob")
     g.add_argument("--trainable-ops", type=int, default=-1, metavar="N",
                    help="train only the parameters of the last N nodes (default -1: all)")
+    add_lora_options(p)
     g = p.add_argument_group("output")
     g.add_argument("--additional-outputs", nargs="*", metavar="NAME",
                    help="model values returned after the loss (default: the loss input, so that train and eval "
@@ -143,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         args.model, requires_grad=args.requires_grad, frozen_params=args.frozen, loss=loss_block(args),
         optimizer=optimizer_block(args), artifact_directory=args.output, prefix=args.prefix, ort_format=False,
         additional_output_names=additional or None, nominal_checkpoint=args.nominal,
-        loss_input_names=args.loss_inputs, trainable_ops=args.trainable_ops)
+        loss_input_names=args.loss_inputs, trainable_ops=args.trainable_ops, lora=lora_config(args))
     if config:
         training = read_model(paths["training"], "training model")
         for prop in list(training.metadata_props):

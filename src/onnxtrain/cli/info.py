@@ -95,6 +95,12 @@ def artifact_info(directory: str, prefix: str = "") -> dict:
                           "bytes": sum(v[1] for v in group.values()), "tensors": {n: v[2] for n, v in group.items()}}
     else:
         info.update(trainable=_tensors(ckpt.trainable), frozen=_tensors(ckpt.frozen), buffers=_tensors(ckpt.buffers))
+    from onnxtrain.lora import LoRAMeta
+
+    adapters = LoRAMeta.from_model(training)
+    if adapters is not None:
+        info["lora"] = {"rank": adapters.rank, "alpha": adapters.alpha, "scale": adapters.scale,
+                        "dropout": adapters.dropout, "modules": adapters.modules}
     if arts.optimizer:
         opt = read_model(arts.optimizer, "optimizer model")
         ometa = OptimizerMeta.from_model(opt)
@@ -139,6 +145,11 @@ def _artifact_lines(info: dict) -> list[str]:
     if trainable:
         shown = ", ".join(trainable[:6]) + (f", ... ({len(trainable)} in all)" if len(trainable) > 6 else "")
         lines.append(f"  trained:   {shown}")
+    if "lora" in info:
+        lora, modules = info["lora"], info["lora"]["modules"]
+        shown = ", ".join(modules[:3]) + (f", ... ({len(modules)} in all)" if len(modules) > 3 else "")
+        lines.append(f"LoRA:        rank {lora['rank']}, alpha {lora['alpha']:g} (scale {lora['scale']:g}), dropout "
+                     f"{lora['dropout']:g} on {shown}")
     if "optimizer" in info:
         opt = info["optimizer"]
         config = ", ".join(f"{k}={v}" for k, v in opt["config"].items()

@@ -124,12 +124,24 @@ class Module:
         self.training_run.values.set_flat_parameters(flat, trainable_only)
 
     def export_model_for_inferencing(self, inference_model_uri: str | os.PathLike,
-                                     graph_output_names: list[str] | None = None) -> None:
-        """Write an inference model: the forward graph in inference mode with the current weights inside."""
+                                     graph_output_names: list[str] | None = None,
+                                     merge_adapters: bool = False) -> None:
+        """Write an inference model: the forward graph in inference mode with the current weights inside.
+
+        ``merge_adapters=True`` folds LoRA adapters into their weights (the model then has the base model's
+        nodes); otherwise they stay separate nodes.
+        """
         from onnxtrain.runtime.export import export_inference_model
 
         run = self.training_run
         if run.eval_model is None:
             raise RuntimeError("exporting needs the eval model: pass eval_model_uri=... to Module()")
+        if merge_adapters:
+            from onnxtrain.lora import lora_meta
+            from onnxtrain.lora.export import merge_exported_model
+
+            adapters = lora_meta(run.eval_model)  # before writing anything: ValueError without adapters
         export_inference_model(run.eval_model, run.meta, run.values.graph_values(), inference_model_uri,
                                graph_output_names or run.meta.model_outputs)
+        if merge_adapters:
+            merge_exported_model(adapters, inference_model_uri)

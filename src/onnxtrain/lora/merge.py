@@ -1,0 +1,92 @@
+"""The merge pass: fold each adapter's ``scale * B A`` into its frozen weight and drop the adapter nodes.
+
+Cases: a weight used by one adapted node is replaced in place; a weight shared by nodes that carry the same
+adapter (tied modules) is replaced once; a weight also read by another node, or by nodes with different
+adapters, gets a merged copy per adapter. The result has no ``lora_A`` / ``lora_B`` initializers left.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from onnxtrain.errors import LoRAError
+from onnxtrain.ir.pass_infra import Pass, PassResult
+from onnxtrain.ir.passes import node_inputs
+from onnxtrain.lora.config import Adapter, LoRAMeta
+
+__all__ = ["MergeAdapters", "merged_weight"]
+
+
+def merged_weight(w: np.ndarray, a: np.ndarray, b: np.ndarray, adapter: Adapter, scale: float) -> np.ndarray:
+    """``W + scale * B A`` in ``W``'s layout (MatMul stores ``W`` as in x out, Gemm with transB=0 too), divided
+    by the Gemm's alpha, which the base node applies to ``W`` but not to the adapter."""
+    ba = b.reshape(b.shape[0], -1).astype(np.float64) @ a.reshape(a.shape[0], -1).astype(np.float64)  # out x in
+    delta = scale / adapter.gemm_alpha * (ba if adapter.weight_transposed else ba.T)
+    return (w.astype(np.float64) + delta.reshape(w.shape)).astype(w.dtype)
+
+
+class MergeAdapters(Pass):
+    """Merge every adapter of ``meta`` into its weight, in an inference model that holds its weights as
+    initializers (adapters the export pruned away are ignored).
+
+    Args:
+        meta: the adapters, as the artifacts' metadata records them.
+    """
+
+    def __init__(self, meta: LoRAMeta):
+        self.meta = meta
+
+    def call(self, model: onnx.ModelProto) -> PassResult:
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        _merge(out.graph, self.meta)
+        return PassResult(out, True)
+
+
+def _merge(graph: onnx.GraphProto, meta: LoRAMeta) -> None:
+    """The rewrite, in place."""
+    written = {o for n in graph.node for o in n.output}
+    meta = replace(meta, adapters=[a for a in meta.adapters if a.base_output in written])  # others were pruned
+    inits = {i.name: i for i in graph.initializer}
+    missing = [n for a in meta.adapters for n in (a.weight, a.A, a.B) if n not in inits]
+    if missing:
+        raise LoRAError(f"cannot merge the adapters: {missing[:4]} are not initializers of the model")
+    dropped = {n for a in meta.adapters for n in a.nodes}
+    base_nodes = {n.output[0]: n for n in graph.node if n.output}  # every adapter's base_output is among them
+    in_place = _in_place_weights(graph, meta)
+
+    new_inits: dict[str, onnx.TensorProto] = {}
+    for a in meta.adapters:
+        node = base_nodes[a.base_output]
+        name = a.weight if a.weight in in_place else f"{a.weight}/merged/{a.module}"
+        if name not in new_inits:
+            arrays = [numpy_helper.to_array(inits[n]) for n in (a.weight, a.A, a.B)]
+            new_inits[name] = numpy_helper.from_array(merged_weight(*arrays, a, meta.scale), name)
+        node.input[1] = name
+        node.output[0] = a.output
+    keep = [n for n in graph.node if n.name not in dropped]
+    del graph.node[:]
+    graph.node.extend(keep)
+    used = {x for n in keep for x in node_inputs(n)} | {o.name for o in graph.output}
+    tensors = [new_inits.pop(i.name, i) for i in graph.initializer]
+    tensors += new_inits.values()
+    del graph.initializer[:]
+    graph.initializer.extend(t for t in tensors if t.name in used)
+
+
+def _in_place_weights(graph: onnx.GraphProto, meta: LoRAMeta) -> set[str]:
+    """The weights that can be replaced by their merged value: every node reading them is the base node of
+    an adapter, and all those adapters are the same (A, B)."""
+    adapter_nodes = {n for a in meta.adapters for n in a.nodes}
+    pairs: dict[str, set[tuple[str, str]]] = {}
+    bases: dict[str, set[str]] = {}
+    for a in meta.adapters:
+        pairs.setdefault(a.weight, set()).add((a.A, a.B))
+        bases.setdefault(a.weight, set()).add(a.base_output)
+    shared = {x for n in graph.node if n.name not in adapter_nodes for x in node_inputs(n)
+              if x in bases and n.output[0] not in bases[x]}
+    return {w for w, p in pairs.items() if len(p) == 1 and w not in shared}
