@@ -165,6 +165,19 @@ def test_batchnorm_statistics_become_buffers(tmp_path):
     assert names.buffer_output_name("bn.running_mean") in outputs
 
 
+def test_inference_mode_batchnorm_statistics_are_not_trained(tmp_path):
+    """An eval-mode export (BatchNormalization without training_mode): its running statistics are constants,
+    never trainable parameters (AdamW would drive a variance negative)."""
+    model = models.conv_bn()
+    bn = next(n for n in model.graph.node if n.op_type == "BatchNormalization")
+    del bn.attribute[:]
+    del bn.output[1:]
+    generate_artifacts(model, loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW, artifact_directory=tmp_path)
+    data = load_checkpoint(tmp_path / "checkpoint")
+    assert sorted(data.trainable) == ["bn.bias", "bn.weight", "conv.weight", "fc.bias", "fc.weight"]
+    assert not data.buffers
+
+
 def test_nominal_checkpoint_has_no_data_but_loads(tmp_path, rng):
     paths = generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                                artifact_directory=tmp_path, nominal_checkpoint=True)

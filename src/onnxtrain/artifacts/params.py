@@ -35,6 +35,12 @@ def batchnorm_buffers(graph: onnx.GraphProto, initializers: set[str]) -> list[st
     return found
 
 
+def running_statistics(graph: onnx.GraphProto) -> set[str]:
+    """Running mean/var inputs of every BatchNormalization node (statistics, never trained by gradients: in
+    training mode they are buffers, in inference mode constants)."""
+    return {x for node in graph.node if node.op_type == "BatchNormalization" for x in node.input[3:5] if x}
+
+
 def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str) -> list[str]:
     """Resolve names and shell-style globs against ``candidates``; unknown names are an error."""
     if names is None:
@@ -60,7 +66,7 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
     """Decide the role of every initializer.
 
     - ``requires_grad`` (names or globs): trained. When None, every floating-point initializer that is not
-      frozen and not a BatchNorm running statistic is trained.
+      frozen and not a BatchNorm running statistic (of a training- or inference-mode node) is trained.
     - ``frozen_params``: kept in the checkpoint, fed to the graphs, never updated.
     - ``trainable_ops=N`` (N >= 0): only parameters consumed by the last N nodes (topological order) train;
       the other candidates become frozen.
@@ -81,8 +87,9 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
                             "parameters can be trained")
     buffers = [b for b in batchnorm_buffers(graph, set(names)) if b not in trainable]
     if requires_grad is None:
-        trainable = [n for n in float_names if n not in frozen and n not in buffers and weights[n].ndim > 0
-                     and _is_weight_like(graph, n)]
+        statistics = running_statistics(graph)
+        trainable = [n for n in float_names if n not in frozen and n not in buffers and n not in statistics
+                     and weights[n].ndim > 0 and _is_weight_like(graph, n)]
     if trainable_ops is not None and trainable_ops >= 0:
         if trainable_ops > len(graph.node):
             raise ValueError(f"trainable_ops={trainable_ops} but the model has only {len(graph.node)} nodes")

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.ir.passes import default_opset, node_inputs
 
 __all__ = ["SourceModel", "load_source_model", "MIN_OPSET", "KEEP_OPSET_FROM"]
@@ -54,6 +55,7 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     opset = default_opset(proto)
     if opset is None:
         raise ValueError("the model imports no default-domain (ai.onnx) opset")
+    proto = SequencesToSplit()(proto).model   # torch.split as tensor sequences (dynamo exports) -> Split
     weights: dict[str, np.ndarray] = {}
     for init in proto.graph.initializer:
         try:
