@@ -183,6 +183,15 @@ class TrainingValues:
                 self._optimizer_states[s] = storage
         return {s: self._optimizer_states[s] for s in state_names}
 
+    # -- memory ----------------------------------------------------------------------------------------------
+    def memory(self) -> dict[str, int]:
+        """Bytes of the arrays held here, by kind: the memory model of docs/memory.md (parameters and optimizer
+        states double-buffered, gradients, frozen parameters and buffers once)."""
+        return {"params": self.params.nbytes, "grads": self.grads.nbytes,
+                "optimizer_states": sum(s.nbytes for s in self._optimizer_states.values()),
+                "frozen": sum(a.nbytes for a in self.frozen.values()),
+                "buffers": sum(a.nbytes for a in self.buffers.values())}
+
     # -- to a checkpoint -------------------------------------------------------------------------------------
     def to_data(self, include_optimizer_state: bool = True) -> CheckpointData:
         """A copy of every value, as written to a checkpoint file."""
