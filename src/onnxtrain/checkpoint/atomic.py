@@ -17,15 +17,13 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable
-from typing import BinaryIO
 
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks, so leftovers are never judged stale
     fcntl = None
 
-__all__ = ["atomic_write", "atomic_write_with", "clear_stale_temps"]
+__all__ = ["atomic_write", "clear_stale_temps"]
 
 # A temporary file younger than this is never removed: its writer may not have locked it yet.
 _GRACE_SECONDS = 5.0
@@ -39,16 +37,6 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | bytearray | memoryv
         FileNotFoundError: the directory of ``path`` does not exist.
         OSError: any other I/O failure; the old file at ``path``, if any, is untouched.
     """
-    def write(file, _temp: str) -> None:
-        file.write(data)
-
-    atomic_write_with(path, write)
-
-
-def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO, str], None]) -> None:
-    """As :func:`atomic_write`, but ``write(file, temp_path)`` produces the content: it writes to the open
-    ``file`` or, by name, to ``temp_path`` (for writers that open their own file), so a large file never has to
-    exist in memory as one ``bytes`` object."""
     target = os.path.abspath(os.fspath(path))
     directory, name = os.path.split(target)
     if os.path.isdir(target):
@@ -61,7 +49,7 @@ def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO, s
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)  # held until the rename: this file has a live writer
         with os.fdopen(fd, "wb") as file:
-            write(file, temp)
+            file.write(data)
             file.flush()
             os.fsync(file.fileno())
             if fcntl is not None:

@@ -15,7 +15,7 @@ import os
 import numpy as np
 import safetensors.numpy
 
-from onnxtrain.checkpoint.atomic import atomic_write_with, clear_stale_temps
+from onnxtrain.checkpoint.atomic import atomic_write, clear_stale_temps
 from onnxtrain.checkpoint.data import CheckpointData, TensorSpec, split_tensor_key
 from onnxtrain.checkpoint.header import Header, read_header, read_tensors
 from onnxtrain.checkpoint.metadata import (
@@ -58,10 +58,7 @@ def save_checkpoint(data: CheckpointData, path: str | os.PathLike[str], include_
         tensors = {key: array for key, array in tensors.items() if not key.startswith("optimizer/")}
         specs = {key: spec for key, spec in specs.items() if not key.startswith("optimizer/")}
     text = encode_metadata(specs, data.step, data.properties, data.nominal, tensors_sha256(tensors.values()))
-    # save_file, not save: the library writes the file itself, so the tensors' bytes are not also gathered into
-    # one bytes object (one copy of the checkpoint less at the peak of generate_artifacts, docs/memory.md).
-    atomic_write_with(path, lambda _file, temp: safetensors.numpy.save_file(tensors, temp,
-                                                                            metadata={METADATA_KEY: text}))
+    atomic_write(path, safetensors.numpy.save(tensors, metadata={METADATA_KEY: text}))
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> CheckpointData:
