@@ -41,6 +41,11 @@ SPECS = {
     "mobilenetv2": dict(input=(3, 96, 96), batch=16, classes=10, steps=50),
     "mobilenetv2_head": dict(input=(3, 96, 96), batch=16, classes=10, steps=50, head_only=True),
     "transformer": dict(input=(64,), batch=16, classes=2, vocab=1000, steps=50),
+    # Real scale (issue 14): a transformers BERT (6 layers, 384 wide, 22.7M parameters) and a ResNet-18 (11.2M).
+    "bert_small": dict(input=(128,), batch=8, classes=2, vocab=30522, steps=20),
+    "bert_small_head": dict(input=(128,), batch=8, classes=2, vocab=30522, steps=20, head_only=True),
+    "resnet18": dict(input=(3, 224, 224), batch=8, classes=10, steps=20),
+    "resnet18_head": dict(input=(3, 224, 224), batch=8, classes=10, steps=20, head_only=True),
 }
 MIN_STEPS = 10  # the time budget never cuts the timed loop below this
 

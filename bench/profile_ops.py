@@ -29,7 +29,8 @@ SRC = os.path.join(os.path.dirname(HERE), "src")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", required=True,
-                   choices=["mlp", "lenet", "mobilenetv2", "mobilenetv2_head", "transformer"])
+                   choices=["mlp", "lenet", "mobilenetv2", "mobilenetv2_head", "transformer", "bert_small",
+                            "bert_small_head", "resnet18", "resnet18_head"])
     p.add_argument("--impl", default="onnxtrain", choices=["onnxtrain", "peer"])
     p.add_argument("--steps", type=int, default=20, help="training steps after 5 warm-up steps (default 20)")
     p.add_argument("--eval-steps", type=int, default=0, help="eval steps to profile too (default 0)")

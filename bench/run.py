@@ -34,13 +34,14 @@ import report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-WORKLOADS = ["mlp", "lenet", "mobilenetv2", "mobilenetv2_head", "transformer"]
+WORKLOADS = ["mlp", "lenet", "mobilenetv2", "mobilenetv2_head", "transformer", "bert_small", "bert_small_head",
+             "resnet18", "resnet18_head"]
 IMPLS = ["onnxtrain", "peer", "torch"]
 PEER_VENV = os.path.join(HERE, ".peer-venv")
 ONNXTRAIN_VENV = os.path.join(HERE, ".onnxtrain-venv")
 # torch pinned: 2.13.0 is a local CPU wheel here; an unpinned torch pulls the multi-GB CUDA build.
-PEER_PACKAGES = ["onnxruntime-training==1.19.2", "onnx", "torch==2.13.0", "numpy"]
-ONNXTRAIN_PACKAGES = ["-e", REPO, "torch==2.13.0"]
+PEER_PACKAGES = ["onnxruntime-training==1.19.2", "onnx", "torch==2.13.0", "numpy", "transformers"]
+ONNXTRAIN_PACKAGES = ["-e", REPO, "torch==2.13.0", "transformers"]
 
 PROBE = """
 import importlib.metadata as md, json, platform, sys
@@ -183,7 +184,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--repeat", type=int, default=4, help="passes over everything (default 4)")
     p.add_argument("--threads", type=int, default=2, help="intra-op / torch threads (default 2)")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated (default: all five)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated (default: all)")
     p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated (default: onnxtrain,peer,torch)")
     p.add_argument("--steps", type=int, help="timed training steps (default: per workload, 50)")
     p.add_argument("--warmup", type=int, help="warm-up steps (default 5)")

@@ -1,4 +1,4 @@
-# From /work/shared/bench/workloads.py (the reference harness), unchanged apart from this line.
+# From /work/shared/bench/workloads.py (the reference harness); bert_small and resnet18 added (issue 14).
 """Fixed, deterministic benchmark workloads: torch definitions, ONNX export, FLOP counts.
 
     python workloads.py export NAME OUT.onnx   # export one workload
@@ -114,6 +114,56 @@ class TinyBert(nn.Module):
         return self.head(self.layers(self.ln(self.tok(ids) + self.pos)).mean(dim=1))
 
 
+class BasicBlock(nn.Module):
+    """torchvision's ResNet BasicBlock."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv = nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+                                  nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
+        self.down = conv_bn(cin, cout, 1, stride, act=False) if stride != 1 or cin != cout else nn.Identity()
+
+    def forward(self, x):
+        return F.relu(self.conv(x) + self.down(x))
+
+
+class ResNet18(nn.Module):
+    """torchvision's resnet18 (random weights), with the classifier named ``classifier``."""
+
+    def __init__(self, classes):
+        super().__init__()
+        layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
+        c = 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [BasicBlock(c, cout, stride), BasicBlock(cout, cout, 1)]
+            c = cout
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(512, classes)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+def bert_small(classes):
+    """transformers' BertForSequenceClassification (6 layers, hidden 384, 12 heads, intermediate 1536, vocabulary
+    30,522, dropout 0 to stay deterministic), returning the logits only; parameters ``bert.*`` and
+    ``classifier.*``."""
+    # torchvision here is a CUDA build beside the CPU torch: importing transformers imports torchvision, whose
+    # meta registrations then fail ("operator torchvision::nms does not exist"). Nothing here needs them.
+    import types
+    sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+    import transformers
+
+    class Classifier(transformers.BertForSequenceClassification):
+        def forward(self, ids):
+            return super().forward(input_ids=ids, return_dict=False)[0]
+
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                                     intermediate_size=1536, num_labels=classes, hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0)
+    return Classifier(config)
+
+
 def build(name):
     """Seeded model, in the mode it trains in, with requires_grad set for the workload."""
     torch.manual_seed(0)
@@ -126,6 +176,10 @@ def build(name):
         model = MobileNetV2(s["classes"])
     elif name == "transformer":
         model = TinyBert(vocab=s["vocab"], seq=s["input"][0], classes=s["classes"])
+    elif name.startswith("bert_small"):
+        model = bert_small(s["classes"])
+    elif name.startswith("resnet18"):
+        model = ResNet18(s["classes"])
     else:
         raise KeyError(name)
     if s.get("head_only"):  # transfer learning: frozen backbone (BN uses running stats), train classifier only

@@ -47,22 +47,22 @@ def _read(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelProto, 
 def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int = KEEP_OPSET_FROM) -> SourceModel:
     """Read ``model`` (a ModelProto or a path; external data is read from the model's folder); a model below
     ``min_opset`` is converted to :data:`MIN_OPSET`."""
-    proto, base_dir = _read(model)
-    if base_dir is None:  # the caller's model stays untouched (CopyFrom: 25x faster than a serialization)
-        copy = onnx.ModelProto()
-        copy.CopyFrom(proto)
-        proto = copy
+    original, base_dir = _read(model)
+    # The caller's model stays untouched; the graph is copied without its initializers (CopyFrom: 25x faster
+    # than a serialization), whose values are read once into ``weights``. A model read from a file is then
+    # dropped, so one copy of the weights is alive during generation, not two (docs/memory.md).
+    proto = _copy_without_initializers(original)
     opset = default_opset(proto)
     if opset is None:
         raise ValueError("the model imports no default-domain (ai.onnx) opset")
     proto = SequencesToSplit()(proto).model   # torch.split as tensor sequences (dynamo exports) -> Split
     weights: dict[str, np.ndarray] = {}
-    for init in proto.graph.initializer:
+    for init in original.graph.initializer:
         try:
             weights[init.name] = numpy_helper.to_array(init, base_dir=base_dir or "")
         except Exception as exc:
             raise ValueError(f"cannot read initializer {init.name!r}: {exc}") from None
-    del proto.graph.initializer[:]
+    del original
     if proto.graph.sparse_initializer:
         raise ValueError("sparse initializers are not supported; convert them to dense initializers first")
     foreign = [f"{n.name or n.op_type} ({n.domain}::{n.op_type})" for n in proto.graph.node
@@ -75,6 +75,27 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
         opset = MIN_OPSET
     _unalias_initializers(proto.graph, weights)
     return SourceModel(proto, weights, opset)
+
+
+def _copy_without_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``proto`` whose graph has no initializers (everything else copied as is)."""
+    copy = onnx.ModelProto()
+    for field, value in proto.ListFields():
+        if field.name != "graph":
+            _set_field(copy, field, value)
+    for field, value in proto.graph.ListFields():
+        if field.name != "initializer":
+            _set_field(copy.graph, field, value)
+    return copy
+
+
+def _set_field(message, field, value) -> None:
+    if field.label == field.LABEL_REPEATED:
+        getattr(message, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(message, field.name).CopyFrom(value)
+    else:
+        setattr(message, field.name, value)
 
 
 def _unalias_initializers(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> None:

@@ -6,7 +6,7 @@ thin: ``Module`` calls :meth:`train_step` / :meth:`eval_step`, ``Optimizer`` cal
 
 One training step, with an optimizer attached and the loop stepping after every call::
 
-    train_step(feeds) --fused session--> loss, gradients -> grads.spare, update -> params.spare, states.spare
+    train_step(feeds) --fused session--> loss, gradients -> grads (in place), update -> params.spare, states.spare
                                          (a PreparedUpdate records what the update was computed from)
     optimizer_step()  --prepared update still valid?--> yes: swap the spare buffers in
                                                          no:  run the optimizer graph on its own, then swap
@@ -134,7 +134,8 @@ class TrainingRun:
             update_inputs, update_out = self._update.bind(fused_names)
             state.update(update_inputs)
             out.update(update_out)
-            out[fused_names(names.GRADIENTS)] = values.grads.spare  # the fused graph flattens the gradients
+            # The fused graph flattens the gradients; grads.spare is grads.current (read and written in place).
+            out[fused_names(names.GRADIENTS)] = values.grads.spare
         else:
             session = self._session_for(self._reset_pending)
             out.update({names.grad_output_name(p): g for p, g in values.grads.spare_views().items()})

@@ -1,6 +1,8 @@
-"""Flat, double-buffered storage: every trainable parameter (or gradient, or optimizer state) is a view
-into one contiguous vector, so the optimizer updates them all with a dozen vector ops; a second vector
-receives each update and the two swap roles, so nothing is copied between steps."""
+"""Flat storage: every trainable parameter (or gradient, or optimizer state) is a view into one contiguous
+vector, so the optimizer updates them all with a dozen vector ops. Double-buffered storage has a second vector
+that receives each update, and the two swap roles, so nothing is copied between steps and an update can be
+thrown away; single-buffered storage (the gradients, which a graph overwrites or accumulates into element by
+element) has one vector that is both ``current`` and ``spare`` (docs/memory.md)."""
 
 from __future__ import annotations
 
@@ -12,20 +14,23 @@ __all__ = ["FlatStorage"]
 
 
 class FlatStorage:
-    """Two flat vectors (``current`` and ``spare``) and a view per named slot into each.
+    """Flat vectors (``current`` and ``spare``) and a view per named slot into each.
 
     Args:
         layout: (name, shape) of each slot, in order.
         dtype: element type of every slot.
+        copies: 2 (double-buffered) or 1 (``spare`` is ``current`` and :meth:`swap` does nothing).
     """
 
-    def __init__(self, layout: Sequence[tuple[str, tuple[int, ...]]], dtype: np.dtype):
+    def __init__(self, layout: Sequence[tuple[str, tuple[int, ...]]], dtype: np.dtype, copies: int = 2):
+        if copies not in (1, 2):
+            raise ValueError(f"FlatStorage holds 1 or 2 copies of its vector, got copies={copies}")
         self.layout = [(n, tuple(s)) for n, s in layout]
         self.dtype = np.dtype(dtype)
         sizes = [int(np.prod(s)) for _, s in self.layout]
         self.offsets = dict(zip((n for n, _ in self.layout), np.cumsum([0, *sizes[:-1]]).tolist()))
         self.size = int(sum(sizes))
-        self._vectors = [np.zeros(self.size, self.dtype), np.zeros(self.size, self.dtype)]
+        self._vectors = [np.zeros(self.size, self.dtype) for _ in range(copies)]
         self._views = [self._make_views(v) for v in self._vectors]
         self._current = 0
 
@@ -37,23 +42,33 @@ class FlatStorage:
         return views
 
     @property
+    def copies(self) -> int:
+        """How many vectors this storage holds (1 or 2)."""
+        return len(self._vectors)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the vectors."""
+        return sum(v.nbytes for v in self._vectors)
+
+    @property
     def current(self) -> np.ndarray:
         return self._vectors[self._current]
 
     @property
     def spare(self) -> np.ndarray:
-        return self._vectors[1 - self._current]
+        return self._vectors[(self._current + 1) % self.copies]
 
     def views(self) -> dict[str, np.ndarray]:
         """Views of the current vector by slot name."""
         return self._views[self._current]
 
     def spare_views(self) -> dict[str, np.ndarray]:
-        return self._views[1 - self._current]
+        return self._views[(self._current + 1) % self.copies]
 
     def swap(self) -> None:
         """The spare vector (just written) becomes current."""
-        self._current = 1 - self._current
+        self._current = (self._current + 1) % self.copies
 
     def __contains__(self, name: str) -> bool:
         return name in self.offsets

@@ -23,7 +23,7 @@ class TrainingValues:
 
     Attributes:
         params: the trainable parameters (one flat vector, double-buffered).
-        grads: their accumulated gradients (same layout).
+        grads: their accumulated gradients (same layout, one copy: the training graph updates it in place).
         frozen: parameters fed to the graphs but never updated.
         buffers: state the training graph updates (BatchNorm running statistics).
         properties: the checkpoint's property bag.
@@ -41,7 +41,10 @@ class TrainingValues:
             raise ValueError(f"trainable parameters of several dtypes are not supported: {sorted(map(str, dtypes))}")
         dtype = dtypes.pop()
         self.params = FlatStorage(layout, dtype)
-        self.grads = FlatStorage(layout, dtype)
+        # One gradient vector: a training graph overwrites it (reset) or adds into it element by element
+        # (``out = buffer + g``, whose only reader of ``buffer`` is that Add), so it can be read and written in
+        # the same run; nothing ever throws a gradient away (docs/memory.md).
+        self.grads = FlatStorage(layout, dtype, copies=1)
         for name, value in data.trainable.items():
             self.params.views()[name][...] = value
         self.frozen = {n: np.ascontiguousarray(a) for n, a in data.frozen.items()}
@@ -179,6 +182,15 @@ class TrainingValues:
                         view[...] = saved
                 self._optimizer_states[s] = storage
         return {s: self._optimizer_states[s] for s in state_names}
+
+    # -- memory ----------------------------------------------------------------------------------------------
+    def memory(self) -> dict[str, int]:
+        """Bytes of the arrays held here, by kind: the memory model of docs/memory.md (parameters and optimizer
+        states double-buffered, gradients, frozen parameters and buffers once)."""
+        return {"params": self.params.nbytes, "grads": self.grads.nbytes,
+                "optimizer_states": sum(s.nbytes for s in self._optimizer_states.values()),
+                "frozen": sum(a.nbytes for a in self.frozen.values()),
+                "buffers": sum(a.nbytes for a in self.buffers.values())}
 
     # -- to a checkpoint -------------------------------------------------------------------------------------
     def to_data(self, include_optimizer_state: bool = True) -> CheckpointData:

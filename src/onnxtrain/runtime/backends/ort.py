@@ -66,6 +66,10 @@ class OrtSession(Session):
             # for: no page faults on fresh memory every step, and no per-session arenas rounding up to powers
             # of two (figures in BENCHMARKS.md, design history).
             _use_shared_arena(session_options)
+            # No memory pattern: with one, the second run allocates the whole plan as one block while the first
+            # run's blocks stay in the arena, fragmented: 3 copies of the parameters more on a 22.6M-parameter
+            # BERT (docs/memory.md). The arena makes the allocations it saves cheap anyway.
+            session_options.enable_mem_pattern = False
         else:
             session_options.enable_cpu_mem_arena = False
         # A Module runs several sessions one after the other (train, optimizer, eval). Idle intra-op threads

@@ -1,0 +1,76 @@
+"""The runtime's memory model (docs/memory.md), by exact byte accounting on a small model.
+
+Per trainable float32 parameter the runtime's own arrays hold 7 copies with AdamW (parameter and both moments
+double-buffered, one gradient), 5 with SGD and momentum, 3 with plain SGD; per frozen parameter one. No
+session holds a parameter: every graph (training, eval, optimizer, and the training graph fused with the
+optimizer) reads them as bound inputs, so the sessions' initializers are the graphs' constants only, the same
+whatever the model's size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxtrain import blocks
+from onnxtrain.api import CheckpointState, Module, Optimizer
+from onnxtrain.artifacts import LossType, generate_artifacts
+from onnxtrain.conventions import TrainingMeta
+from onnxtrain.runtime.loading import load_model
+from onnxtrain.runtime.passes import FuseOptimizer
+from tests import models
+
+# Copies of each trainable parameter in the runtime's arrays (parameters + gradients + optimizer states).
+COPIES = {"adamw": 7, "sgd": 3, "sgd_momentum": 5}
+OPTIMIZERS = {"adamw": blocks.AdamW, "sgd": blocks.SGD, "sgd_momentum": lambda: blocks.SGD(momentum=0.9)}
+
+
+def _train(folder, model, optimizer: str, fuse: bool, frozen=()):
+    generate_artifacts(model, requires_grad=None, frozen_params=list(frozen), loss=LossType.CrossEntropyLoss,
+                       optimizer=OPTIMIZERS[optimizer](), artifact_directory=folder)
+    state = CheckpointState.load_checkpoint(folder / "checkpoint")
+    module = Module(folder / "training_model.onnx", state, folder / "eval_model.onnx")
+    opt = Optimizer(folder / "optimizer_model.onnx", module)
+    module.training_run.fuse = fuse
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        module(rng.standard_normal((5, 8)).astype(np.float32), rng.integers(0, 4, 5).astype(np.int64))
+        opt.step()
+        module.lazy_reset_grad()
+    return state
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "separate"])
+@pytest.mark.parametrize("optimizer", sorted(COPIES))
+def test_bytes_per_trainable_and_frozen_parameter(tmp_path, optimizer, fuse):
+    state = _train(tmp_path, models.mlp(), optimizer, fuse, frozen=["fc1.weight"])
+    values = state.values
+    trainable, frozen = values.parameter_count(), values.parameter_count(False) - values.parameter_count()
+    assert (trainable, frozen) == (16 + 4 * 16 + 4, 16 * 8)
+    memory = values.memory()
+    assert memory["params"] + memory["grads"] + memory["optimizer_states"] == COPIES[optimizer] * 4 * trainable
+    assert memory["frozen"] == 4 * frozen
+    assert memory["buffers"] == 0
+    assert values.grads.spare is values.grads.current  # the gradients are updated in place
+
+
+def _session_models(folder):
+    train = load_model(folder / "training_model.onnx", "training model")
+    optimizer = load_model(folder / "optimizer_model.onnx", "optimizer model")
+    fused = FuseOptimizer(optimizer, TrainingMeta.from_model(train).trainable)(train).model
+    return {"training": train, "eval": load_model(folder / "eval_model.onnx", "eval model"),
+            "optimizer": optimizer, "fused": fused}
+
+
+def test_no_session_holds_a_parameter(tmp_path):
+    """The sessions' initializers do not grow with the parameters: they are the graphs' constants."""
+    initializer_bytes = {}
+    for hidden in (16, 256):
+        folder = tmp_path / str(hidden)
+        _train(folder, models.mlp(hidden=hidden), "adamw", fuse=True)
+        params = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+        for kind, model in _session_models(folder).items():
+            assert not params & {i.name for i in model.graph.initializer}, kind
+            initializer_bytes[hidden, kind] = sum(np.prod(i.dims, dtype=np.int64) for i in model.graph.initializer)
+    for kind in ("training", "eval", "optimizer", "fused"):
+        assert initializer_bytes[16, kind] == initializer_bytes[256, kind], kind
