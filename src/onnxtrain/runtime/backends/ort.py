@@ -53,6 +53,10 @@ class _Binding:
         self.output_order = list(out)  # IOBinding returns outputs in first-bound order
 
 
+# onnxruntime's memory pattern, off (see OrtSession); a module-level switch so that it can be A/B-measured.
+MEMORY_PATTERN = False
+
+
 class OrtSession(Session):
     """One InferenceSession; each distinct set of persistent arrays gets an IOBinding, built once."""
 
@@ -69,7 +73,7 @@ class OrtSession(Session):
             # No memory pattern: with one, the second run allocates the whole plan as one block while the first
             # run's blocks stay in the arena, fragmented: 3 copies of the parameters more on a 22.6M-parameter
             # BERT (docs/memory.md). The arena makes the allocations it saves cheap anyway.
-            session_options.enable_mem_pattern = False
+            session_options.enable_mem_pattern = MEMORY_PATTERN
         else:
             session_options.enable_cpu_mem_arena = False
         # A Module runs several sessions one after the other (train, optimizer, eval). Idle intra-op threads
