@@ -55,7 +55,6 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     opset = default_opset(proto)
     if opset is None:
         raise ValueError("the model imports no default-domain (ai.onnx) opset")
-    proto = SequencesToSplit()(proto).model   # torch.split as tensor sequences (dynamo exports) -> Split
     weights: dict[str, np.ndarray] = {}
     for init in original.graph.initializer:
         try:
@@ -63,6 +62,7 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
         except Exception as exc:
             raise ValueError(f"cannot read initializer {init.name!r}: {exc}") from None
     del original
+    proto = _split_sequences(proto, weights)
     if proto.graph.sparse_initializer:
         raise ValueError("sparse initializers are not supported; convert them to dense initializers first")
     foreign = [f"{n.name or n.op_type} ({n.domain}::{n.op_type})" for n in proto.graph.node
@@ -75,6 +75,30 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
         opset = MIN_OPSET
     _unalias_initializers(proto.graph, weights)
     return SourceModel(proto, weights, opset)
+
+
+def _split_sequences(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """Run :class:`SequencesToSplit` (torch.split written as tensor sequences by the dynamo exporter) on the
+    graph without initializers: the weights are declared as graph inputs for the pass (the small ones also as
+    initializers, so that split sizes and positions are known), then taken out again."""
+    if not any(n.op_type == "SplitToSequence" for n in proto.graph.node):
+        return proto
+    view = onnx.ModelProto()
+    view.CopyFrom(proto)
+    declared = {i.name for i in view.graph.input}
+    added = [n for n in weights if n not in declared]
+    view.graph.input.extend(onnx.helper.make_tensor_value_info(
+        n, onnx.helper.np_dtype_to_tensor_dtype(weights[n].dtype), weights[n].shape) for n in added)
+    view.graph.initializer.extend(numpy_helper.from_array(weights[n], n) for n in added if weights[n].size <= 4096)
+    result = SequencesToSplit()(view)
+    if not result.modified:
+        return proto
+    out = result.model
+    kept = [i for i in out.graph.input if i.name not in added]
+    del out.graph.input[:]
+    out.graph.input.extend(kept)
+    del out.graph.initializer[:]
+    return out
 
 
 def _copy_without_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
