@@ -215,15 +215,22 @@ def figures_row(w, impl, row, errors):
             f"| {row['load']:.1f} | {err} |")
 
 
+# Sections other scripts or measurements maintain in the same file, between <!-- NAME:begin ... --> and
+# <!-- NAME:end -->: bench/lora.py's, and the browser / Node.js figures (js/bench).
+KEPT_SECTIONS = ("web", "lora")
+
+
 def _kept_sections(path: str) -> str:
-    """Sections other scripts maintain in the same file (bench/lora.py's), kept when the file is rewritten."""
+    """The kept sections of the file at ``path``, to append when the file is rewritten."""
     if not os.path.exists(path):
         return ""
     text = open(path).read()
-    begin, end = "<!-- lora:begin", "<!-- lora:end -->"
-    if begin not in text or end not in text:
-        return ""
-    return "\n" + text[text.index(begin):text.index(end) + len(end)] + "\n"
+    kept = ""
+    for name in KEPT_SECTIONS:
+        begin, end = f"<!-- {name}:begin", f"<!-- {name}:end -->"
+        if begin in text and end in text:
+            kept += "\n" + text[text.index(begin):text.index(end) + len(end)] + "\n"
+    return kept
 
 
 def main(argv=None):
