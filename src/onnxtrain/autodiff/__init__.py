@@ -8,6 +8,7 @@ from onnxtrain.autodiff import (  # noqa: F401  (registration)
     attention,
     control_flow,
     elementwise,
+    function_body,
     im2col,
     linalg,
     loops,

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from onnxtrain.autodiff.context import GradContext
-from onnxtrain.autodiff.registry import GRADIENT_RULES
+from onnxtrain.autodiff.registry import lookup
 from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.passes import implicit_inputs, node_inputs
@@ -155,11 +155,7 @@ def vjp(nodes: list[onnx.NodeProto], seeds: Mapping[str, str], params: Sequence[
         dy = [gradient_of(o) if o else None for o in node.output]
         if all(g is None for g in dy):
             continue
-        rule = GRADIENT_RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        if rule is None and node.domain in ("", "ai.onnx"):
-            from onnxtrain.autodiff.function_body import function_body_rule  # the fallback differentiates via vjp
-
-            rule = function_body_rule(node, builder.opset)
+        rule = lookup(node, builder.opset)
         if rule is None:
             raise UnsupportedOpError(
                 f"no gradient rule for op {node.op_type!r} (domain {node.domain or 'ai.onnx'!r}) at node "
@@ -169,6 +165,9 @@ def vjp(nodes: list[onnx.NodeProto], seeds: Mapping[str, str], params: Sequence[
         ctx = GradContext(node, dy, builder, infos, constants)
         inputs = node_inputs(node)
         dxs = list(rule(ctx))
+        if any(dx is not None for dx in dxs[len(inputs):]):   # rules may omit or pad trailing Nones
+            raise ValueError(f"the gradient rule of {node.op_type} returned {len(dxs)} gradients for node "
+                             f"{node.name!r}, expected one per input ({len(inputs)}; None for no gradient)")
         if len(dxs) < len(inputs):
             dxs += [None] * (len(inputs) - len(dxs))
         for x, dx in zip(inputs, dxs):

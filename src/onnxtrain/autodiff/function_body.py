@@ -16,7 +16,7 @@ import onnx
 from onnx import defs, helper
 
 from onnxtrain.autodiff.context import GradContext
-from onnxtrain.autodiff.registry import Rule
+from onnxtrain.autodiff.registry import Rule, register_fallback
 from onnxtrain.autodiff.subgraph import differentiate, inline_constant_ifs
 from onnxtrain.ir.types import TensorInfo
 
@@ -42,6 +42,9 @@ def has_function_body(op_type: str, opset: int) -> bool:
 def function_body_rule(node: onnx.NodeProto, opset: int) -> Rule | None:
     """The fallback rule for ``node`` if the spec defines its op by a function body, else None."""
     return differentiate_function_body if has_function_body(node.op_type, opset) else None
+
+
+register_fallback(function_body_rule)
 
 
 def _with_defaults(node: onnx.NodeProto, schema: defs.OpSchema) -> onnx.NodeProto:
