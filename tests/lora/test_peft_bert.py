@@ -6,23 +6,20 @@ the command line (generate --lora-*, export --adapter). Nothing is downloaded: r
 
 from __future__ import annotations
 
-import sys
-import types
 import warnings
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
+from tests.zoo.vision import import_torchvision
+
 torch = pytest.importorskip("torch")
 
 
 def _import_peft():
-    """Import transformers and peft. The PyPI torchvision 0.28 is a CUDA build beside a CPU torch: importing it
-    registers fake kernels for ``torchvision::nms``, which this torch lacks, and transformers imports
-    torchvision. An empty ``torchvision._meta_registrations`` skips that registration (nothing here needs it)."""
-    if "torchvision" not in sys.modules:
-        sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+    """Import transformers and peft (both import torchvision, which needs tests.zoo.vision's workaround here)."""
+    import_torchvision()
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
     return transformers, peft
