@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from onnxtrain.data.convert import read_npz
+from onnxtrain.data.dataset import DatasetError
 from onnxtrain.federated import example
 from onnxtrain.federated._flower import (
     ClientApp,
@@ -141,15 +143,16 @@ class DigitsPartition:
 
 
 def _load_npz(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    with np.load(path, allow_pickle=False) as npz:
-        missing = [k for k in ("x", "y") if k not in npz]
-        if missing:
-            raise ValueError(f"{path}: missing arrays {missing} (has {sorted(npz.files)}); save the device's data "
-                             "with np.savez(path, x=..., y=..., x_val=..., y_val=...)")
-        x, y = npz["x"], npz["y"]
-        if "x_val" in npz and "y_val" in npz:
-            return x, y, npz["x_val"], npz["y_val"]
-        return x, y, x, y
+    """The device's data file through onnxtrain.data: ``x``, ``y`` and, if present, ``x_val``, ``y_val`` (the
+    training arrays validate the model otherwise)."""
+    train = read_npz(path).validate(path)
+    try:
+        val = read_npz(path, "x_val", "y_val").validate(f"{path} (validation arrays)")
+    except DatasetError as exc:
+        if "has no array" not in str(exc):
+            raise
+        val = train
+    return train.x, train.y, val.x, val.y
 
 
 @functools.lru_cache(maxsize=16)
