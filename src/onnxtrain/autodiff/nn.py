@@ -365,8 +365,7 @@ def _inverse_divisor(ctx: GradContext, kernel: list[int], strides, dilations, pa
     if _known(in_size):
         ones = b.const(np.ones((1, 1, *in_size), dtype=dtype))
     else:
-        ones = op.ConstantOfShape(op.Concat(b.ints([1, 1]), shape_of(b, x, 2, 2 + n), axis=0),
-                                  value=onnx.numpy_helper.from_array(np.ones(1, dtype=dtype)))
+        ones = b.full(op.Concat(b.ints([1, 1]), shape_of(b, x, 2, 2 + n), axis=0), 1, ctx.elem_type(x))
     dil = dilations if any(d != 1 for d in dilations) else None
     averaged = op.AveragePool(ones, kernel_shape=kernel, strides=strides, pads=pads, dilations=dil,
                               count_include_pad=ctx.attr("count_include_pad", 0), ceil_mode=ctx.attr("ceil_mode", 0))

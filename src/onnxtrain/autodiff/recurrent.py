@@ -93,7 +93,8 @@ def expand_recurrent(node: onnx.NodeProto, infos: Mapping[str, TensorInfo], b: G
     gates = GATES[op_type]
     direction = attrs.get("direction", "forward")
     directions = ["forward", "reverse"] if direction == "bidirectional" else [direction]
-    dtype = np_dtype(infos[x].elem_type)
+    elem = infos[x].elem_type
+    dtype = np_dtype(elem)
     k = lambda v: b.const(np.asarray(v, dtype=dtype))  # noqa: E731
     shape = infos[x].shape
     seq = shape[1] if layout else shape[0]
@@ -104,8 +105,7 @@ def expand_recurrent(node: onnx.NodeProto, infos: Mapping[str, TensorInfo], b: G
     clip = attrs.get("clip")
     clipped = (lambda v: op.Clip(v, k(-clip), k(clip))) if clip is not None else (lambda v: v)  # noqa: E731
     activations = _activations(op_type, attrs, len(directions))
-    zeros = op.ConstantOfShape(op.Concat(shape_of(b, x, 1, 2), b.ints([hidden]), axis=0),
-                               value=onnx.numpy_helper.from_array(np.zeros(1, dtype=dtype)))
+    zeros = b.full(op.Concat(shape_of(b, x, 1, 2), b.ints([hidden]), axis=0), 0, elem)
     lens64 = op.Cast(lens, to=onnx.TensorProto.INT64) if lens else None
 
     def pick(t: str, d: int) -> str:                                    # t[d] of a per-direction tensor

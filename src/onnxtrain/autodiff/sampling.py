@@ -15,7 +15,7 @@ import onnx
 
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.registry import register
-from onnxtrain.autodiff.shape import scatter_add, shape_of
+from onnxtrain.autodiff.shape import identity_along, scatter_add, shape_of
 from onnxtrain.ir.types import np_dtype
 
 
@@ -77,7 +77,7 @@ def resize(ctx: GradContext):
     for a in (a for a in axes if not is_identity(a)):
         # E holds the n basis vectors of axis a, stacked along another axis, which E's resize leaves alone.
         stack = 0 if a else 1
-        eye, e_shape = _basis_input(ctx, x, a, stack, rank)
+        eye, e_shape = identity_along(ctx, x, a, stack)
         roi_e = ""
         if crop:
             starts, ends = [0.0] * rank, [1.0] * rank
@@ -144,7 +144,7 @@ def _resize_keeping_aspect(ctx: GradContext) -> str:
     g = dy
     for a in axes:
         stack = 0 if a else 1
-        eye, _ = _basis_input(ctx, x, a, stack, rank)
+        eye, _ = identity_along(ctx, x, a, stack)
         pads = op.Concat(b.ints([0] * (rank + a)), extra, b.ints([0] * (rank - a - 1)), axis=0)
         eye = op.Pad(eye, pads, mode="edge")
         scales = op.Concat(*[scale if i == a else b.const(np.ones(1, np.float32)) for i in range(rank)], axis=0)
@@ -152,24 +152,6 @@ def _resize_keeping_aspect(ctx: GradContext) -> str:
         basis = op.Slice(basis, b.ints([0]), shape_of(b, dy, a, a + 1), b.ints([a]))
         g = _apply_transposed(ctx, g, basis, a, stack, rank, in_shape[a])
     return g
-
-
-def _basis_input(ctx: GradContext, x: str, a: int, stack: int, rank: int) -> tuple[str, list[int] | str]:
-    """The identity matrix of axis ``a``'s length n, shaped with n at axes ``a`` and ``stack`` and 1 elsewhere,
-    and that shape (a list when n is static, else a run-time int64 tensor)."""
-    n = ctx.shape(x)[a]
-    dtype = np_dtype(ctx.elem_type(x))
-    if isinstance(n, int):
-        e_shape = [1] * rank
-        e_shape[stack], e_shape[a] = n, n
-        return ctx.b.const(np.eye(n, dtype=dtype).reshape(e_shape)), e_shape
-    op, b = ctx.op, ctx.b
-    length = shape_of(b, x, a, a + 1)                                        # [n]
-    square = op.ConstantOfShape(op.Concat(length, length, axis=0),
-                                value=onnx.numpy_helper.from_array(np.zeros(1, dtype=dtype)))
-    pieces = [length if i in (a, stack) else b.ints([1]) for i in range(rank)]
-    e_shape = op.Concat(*pieces, axis=0)
-    return op.Reshape(op.EyeLike(square), e_shape), e_shape
 
 
 # -- GridSample ---------------------------------------------------------------------------------------------

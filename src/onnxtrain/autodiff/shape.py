@@ -81,6 +81,22 @@ def shape_of(b, x: str, start: int = 0, end: int | None = None) -> str:
     return b.op.Slice(b.op.Shape(x), b.ints([start]), b.ints([end if end is not None else np.iinfo(np.int64).max]))
 
 
+def identity_along(ctx: GradContext, x: str, a: int, b: int) -> tuple[str, list[int] | str]:
+    """The identity matrix of axis ``a``'s length n (axes ``a`` and ``b`` of ``x`` have that length), shaped
+    with n at axes a and b and 1 elsewhere, in x's element type; and that shape (a list when n is static,
+    else a run-time int64 vector)."""
+    rank, n = ctx.rank(x), ctx.shape(x)[a]
+    if isinstance(n, int):
+        shape = [1] * rank
+        shape[a], shape[b] = n, n
+        return ctx.b.const(np.eye(n, dtype=np_dtype(ctx.elem_type(x))).reshape(shape)), shape
+    op = ctx.op
+    length = shape_of(ctx.b, x, a, a + 1)                                        # [n]
+    square = ctx.b.full(op.Concat(length, length, axis=0), 0, ctx.elem_type(x))
+    shape = op.Concat(*[length if i in (a, b) else ctx.b.ints([1]) for i in range(rank)], axis=0)
+    return op.Reshape(op.EyeLike(square), shape), shape
+
+
 def scatter_add(ctx: GradContext, data: str, indices: str, updates: str, axis: int = 0, nd: bool = False) -> str:
     """ScatterElements (or ScatterND) with reduction="add": the transpose of a gather with repeats.
 

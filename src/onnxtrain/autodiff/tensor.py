@@ -12,7 +12,7 @@ import onnx
 
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.registry import register
-from onnxtrain.autodiff.shape import _flat_positions, _scatter_back, scatter_add, shape_of
+from onnxtrain.autodiff.shape import _flat_positions, _scatter_back, identity_along, scatter_add, shape_of
 from onnxtrain.ir.types import np_dtype
 
 
@@ -217,8 +217,7 @@ def _gather_nd_batched_dynamic(ctx: GradContext, batch: int) -> str:
                         op.Concat(n, b.ints([1] * inner_rank), axis=0))
     coords = op.Expand(coords, op.Concat(shape_of(b, index, 0, inner_rank), b.ints([1]), axis=0))
     full = op.Concat(coords, index, axis=-1)
-    zeros = op.ConstantOfShape(op.Concat(n, shape_of(b, data, batch), axis=0),
-                               value=onnx.numpy_helper.from_array(np.zeros(1, dtype=np_dtype(ctx.elem_type(data)))))
+    zeros = b.full(op.Concat(n, shape_of(b, data, batch), axis=0), 0, ctx.elem_type(data))
     return op.Reshape(scatter_add(ctx, zeros, full, fold(ctx.dy[0]), nd=True), op.Shape(data))
 
 
@@ -294,23 +293,6 @@ def _ellipsis_shape(ctx: GradContext, operands: list[tuple[list[str], str]]) -> 
     return tuple(np.broadcast_shapes(*dims))
 
 
-def _diagonal_mask(ctx: GradContext, x: str, a: int, b: int) -> str:
-    """Ones where index a equals index b (two axes of ``x`` of the same length n), zeros elsewhere, shaped with
-    n at axes a and b and 1 elsewhere; built at run time when n is not static."""
-    rank, n = ctx.rank(x), ctx.shape(x)[a]
-    dtype = np_dtype(ctx.elem_type(x))
-    if isinstance(n, int):
-        mshape = [1] * rank
-        mshape[a], mshape[b] = n, n
-        return ctx.b.const(np.eye(n, dtype=dtype).reshape(mshape))
-    op = ctx.op
-    length = shape_of(ctx.b, x, a, a + 1)
-    square = op.ConstantOfShape(op.Concat(length, length, axis=0),
-                                value=onnx.numpy_helper.from_array(np.zeros(1, dtype=dtype)))
-    pieces = [length if i in (a, b) else ctx.b.ints([1]) for i in range(rank)]
-    return op.Reshape(op.EyeLike(square), op.Concat(*pieces, axis=0))
-
-
 def _place(ctx: GradContext, g: str, target: list[str], first: list[str], x: str, ell_shape: tuple | None,
            ell_rank: int) -> str:
     """Lay ``g`` (subscripts ``first``) out as ``x`` (subscripts ``target``): new axes, diagonals, broadcast.
@@ -335,7 +317,7 @@ def _place(ctx: GradContext, g: str, target: list[str], first: list[str], x: str
         if t == "..." or len(occ) == 1 or t not in kept:
             continue
         for extra in occ[1:]:    # mask to the diagonal of the first and this occurrence
-            g = ctx.op.Mul(g, _diagonal_mask(ctx, x, occ[0][0], extra[0]))
+            g = ctx.op.Mul(g, identity_along(ctx, x, occ[0][0], extra[0])[0])
     at = target.index("...") if "..." in target else 0
     if "..." not in first or (ell_shape is not None and tuple(shape[at:at + ell]) == tuple(ell_shape)):
         return ctx.op.Expand(g, _static_or_shape(ctx, x))

@@ -122,10 +122,13 @@ class GraphBuilder:
     def unsqueeze(self, x: str, axes: Sequence[int]) -> str:
         return self.node("Unsqueeze", [x, self.ints(axes)])
 
+    def full(self, shape: str, value: float, elem_type: int) -> str:
+        """A tensor of the run-time ``shape`` (an int64 vector value) filled with ``value``."""
+        fill = numpy_helper.from_array(np.full(1, value, dtype=helper.tensor_dtype_to_np_dtype(elem_type)))
+        return self.node("ConstantOfShape", [shape], value=fill)
+
     def zeros_like(self, x: str, elem_type: int) -> str:
-        value = numpy_helper.from_array(np.zeros(1, dtype=helper.tensor_dtype_to_np_dtype(elem_type)))
-        return self.node("ConstantOfShape", [self.node("Shape", [x])], value=value)
+        return self.full(self.node("Shape", [x]), 0, elem_type)
 
     def ones_like(self, x: str, elem_type: int) -> str:
-        value = numpy_helper.from_array(np.ones(1, dtype=helper.tensor_dtype_to_np_dtype(elem_type)))
-        return self.node("ConstantOfShape", [self.node("Shape", [x])], value=value)
+        return self.full(self.node("Shape", [x]), 1, elem_type)
