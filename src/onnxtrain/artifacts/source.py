@@ -10,7 +10,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
-from onnxtrain.ir.passes import default_opset, node_inputs
+from onnxtrain.ir.passes import declare_as_inputs, default_opset, node_inputs
 
 __all__ = ["SourceModel", "load_source_model", "MIN_OPSET", "KEEP_OPSET_FROM"]
 
@@ -85,10 +85,7 @@ def _split_sequences(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> 
         return proto
     view = onnx.ModelProto()
     view.CopyFrom(proto)
-    declared = {i.name for i in view.graph.input}
-    added = [n for n in weights if n not in declared]
-    view.graph.input.extend(onnx.helper.make_tensor_value_info(
-        n, onnx.helper.np_dtype_to_tensor_dtype(weights[n].dtype), weights[n].shape) for n in added)
+    added = declare_as_inputs(view, weights)
     view.graph.initializer.extend(numpy_helper.from_array(weights[n], n) for n in added if weights[n].size <= 4096)
     result = SequencesToSplit()(view)
     if not result.modified:

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-__all__ = ["prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs",
+__all__ = ["declare_as_inputs", "prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs",
            "has_subgraphs", "rename_values", "default_opset"]
 
 
@@ -91,6 +91,17 @@ def rename_values(nodes: Iterable[onnx.NodeProto], rename: Mapping[str, str]) ->
                 for k, x in enumerate(field):
                     if x in rename:
                         field[k] = rename[x]
+
+
+def declare_as_inputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> list[str]:
+    """Declare each of ``values`` the graph does not declare yet as a graph input of its type and shape (no
+    data is copied), in place; returns the names added. The checker and shape inference then run on a graph
+    whose initializers live outside it (the generator's source model)."""
+    declared = {i.name for i in model.graph.input}
+    added = [n for n in values if n not in declared]
+    model.graph.input.extend(onnx.helper.make_tensor_value_info(
+        n, onnx.helper.np_dtype_to_tensor_dtype(values[n].dtype), values[n].shape) for n in added)
+    return added
 
 
 def default_opset(model: onnx.ModelProto) -> int | None:

@@ -31,7 +31,7 @@ from onnx import helper
 
 from onnxtrain.errors import LoRAError
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import used_names
+from onnxtrain.ir.passes import declare_as_inputs, used_names
 from onnxtrain.lora.config import Adapter, LoRA, LoRAMeta, adapter_param_names
 
 __all__ = ["InjectLoRA", "module_path", "Candidate", "candidates"]
@@ -143,10 +143,7 @@ class InjectLoRA(Pass):
         """The checker on a copy that declares the outside weights as graph inputs (no tensor data copied)."""
         probe = onnx.ModelProto()
         probe.CopyFrom(model)
-        declared = {i.name for i in probe.graph.input}
-        probe.graph.input.extend(
-            helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-            for n, v in self.weights.items() if n not in declared)
+        declare_as_inputs(probe, self.weights)
         super().ensures(probe)
 
 

@@ -17,8 +17,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import constant_values, default_opset, node_inputs
+from onnxtrain.ir.passes import constant_values, default_opset, node_inputs, used_names
 from onnxtrain.ir.types import infer_tensor_info
 
 __all__ = ["SequencesToSplit"]
@@ -56,12 +57,13 @@ class SequencesToSplit(Pass):
         out = onnx.ModelProto()
         out.CopyFrom(model)
         nodes: list[onnx.NodeProto] = []
-        taken = {v for n in out.graph.node for v in [*n.input, *n.output]}
+        b = GraphBuilder(default_opset(out) or 18, taken=used_names(out.graph))
         pieces_of: dict[str, list[str]] = {}
         for node in out.graph.node:
             if node.op_type == "SplitToSequence" and node.output[0] in plans:
-                sizes, squeeze = plans[node.output[0]]
-                nodes.extend(_split_nodes(node, sizes, squeeze, taken, pieces_of, default_opset(out) or 18))
+                start = len(b.nodes)
+                pieces_of[node.output[0]] = _split_nodes(b, node, *plans[node.output[0]])
+                nodes.extend(b.nodes[start:])
             elif node.op_type == "SequenceAt" and node.input[0] in pieces_of:
                 pieces = pieces_of[node.input[0]]
                 position = int(np.asarray(constants[node.input[1]]).reshape(-1)[0])
@@ -93,38 +95,23 @@ def _piece_sizes(node: onnx.NodeProto, constants: dict, infos: dict) -> tuple[li
     return [min(chunk, length - start) for start in range(0, length, chunk)], False
 
 
-def _split_nodes(node: onnx.NodeProto, sizes: list[int], squeeze: bool, taken: set[str],
-                 pieces_of: dict[str, list[str]], opset: int) -> list[onnx.NodeProto]:
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    axis = attrs.get("axis", 0)
-
-    def fresh(hint: str) -> str:
-        name, k = hint, 0
-        while name in taken:
-            k += 1
-            name = f"{hint}_{k}"
-        taken.add(name)
-        return name
-
+def _split_nodes(b: GraphBuilder, node: onnx.NodeProto, sizes: list[int], squeeze: bool) -> list[str]:
+    """Emit into ``b`` the Split (and Squeeze) replacing ``node``; return the pieces' names."""
+    axis = {a.name: helper.get_attribute_value(a) for a in node.attribute}.get("axis", 0)
     base = node.output[0]
-    split_sizes = fresh(f"{base}/sizes")
-    pieces = [fresh(f"{base}/{i}") for i in range(len(sizes))]
-    if opset >= 13:   # the sizes are an input from opset 13, an attribute before
-        nodes = [helper.make_node("Constant", [], [split_sizes], value=onnx.numpy_helper.from_array(
-                     np.asarray(sizes, dtype=np.int64))),
-                 helper.make_node("Split", [node.input[0], split_sizes], pieces, axis=axis, name=node.name or base)]
+    pieces = [b.unique(f"{base}/{i}") for i in range(len(sizes))]
+
+    def constant(values: list[int], hint: str) -> str:   # a Constant node: the source graph has no initializers
+        return b.node("Constant", [], 1, name=hint, value=onnx.numpy_helper.from_array(
+            np.asarray(values, dtype=np.int64)))
+
+    if b.opset >= 13:   # the sizes (and Squeeze's axes) are inputs from opset 13, attributes before
+        b.node("Split", [node.input[0], constant(sizes, f"{base}/sizes")], pieces, name=node.name or base, axis=axis)
     else:
-        nodes = [helper.make_node("Split", [node.input[0]], pieces, axis=axis, split=sizes, name=node.name or base)]
-    if squeeze and opset < 13:
-        squeezed = [fresh(f"{p}/squeezed") for p in pieces]
-        nodes += [helper.make_node("Squeeze", [p], [q], axes=[axis]) for p, q in zip(pieces, squeezed)]
-        pieces = squeezed
-    elif squeeze:
-        axes = fresh(f"{base}/axes")
-        nodes.append(helper.make_node("Constant", [], [axes], value=onnx.numpy_helper.from_array(
-            np.asarray([axis], dtype=np.int64))))
-        squeezed = [fresh(f"{p}/squeezed") for p in pieces]
-        nodes += [helper.make_node("Squeeze", [p, axes], [s]) for p, s in zip(pieces, squeezed)]
-        pieces = squeezed
-    pieces_of[base] = pieces
-    return nodes
+        b.node("Split", [node.input[0]], pieces, name=node.name or base, axis=axis, split=sizes)
+    if not squeeze:
+        return pieces
+    if b.opset >= 13:
+        axes = constant([axis], f"{base}/axes")
+        return [b.node("Squeeze", [p, axes]) for p in pieces]
+    return [b.node("Squeeze", [p], axes=[axis]) for p in pieces]
