@@ -11,44 +11,40 @@ from onnxtrain.onnxblock.blocks import Block
 __all__ = ["MSELoss", "L1Loss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "NLLLoss"]
 
 
-class MSELoss(Block, _losses.MSELoss):
+class _WithTarget(Block):
+    """The peer's call signature of regression losses: ``loss(loss_input_name, target_name="target")``."""
+
+    def build(self, loss_input_name: str, target_name: str = "target") -> str:
+        return super().build(loss_input_name, target_name)
+
+
+class _WithLabels(Block):
+    """The peer's call signature of classification losses: ``loss(scores, labels_name="labels")``."""
+
+    def build(self, scores: str, labels_name: str = "labels") -> str:
+        return super().build(scores, labels_name)
+
+
+class MSELoss(_WithTarget, _losses.MSELoss):
     """Mean squared error: ``MSELoss(reduction="mean")(loss_input_name, target_name="target")``."""
 
-    def build(self, loss_input_name: str, target_name: str = "target") -> str:
-        return super().build(loss_input_name, target_name)
 
-
-class L1Loss(Block, _losses.L1Loss):
+class L1Loss(_WithTarget, _losses.L1Loss):
     """Mean absolute error: ``L1Loss(reduction="mean")(loss_input_name, target_name="target")``."""
 
-    def build(self, loss_input_name: str, target_name: str = "target") -> str:
-        return super().build(loss_input_name, target_name)
 
-
-class HuberLoss(Block, _losses.HuberLoss):
+class HuberLoss(_WithTarget, _losses.HuberLoss):
     """Huber loss: ``HuberLoss(reduction="mean", delta=1.0)(loss_input_name, target_name="target")``."""
 
-    def build(self, loss_input_name: str, target_name: str = "target") -> str:
-        return super().build(loss_input_name, target_name)
 
-
-class BCEWithLogitsLoss(Block, _losses.BCEWithLogitsLoss):
+class BCEWithLogitsLoss(_WithTarget, _losses.BCEWithLogitsLoss):
     """Binary cross-entropy on logits: ``BCEWithLogitsLoss(weight, reduction, pos_weight)(loss_input_name,
     target_name="target")``."""
 
-    def build(self, loss_input_name: str, target_name: str = "target") -> str:
-        return super().build(loss_input_name, target_name)
 
-
-class CrossEntropyLoss(Block, _losses.CrossEntropyLoss):
+class CrossEntropyLoss(_WithLabels, _losses.CrossEntropyLoss):
     """Softmax cross-entropy: ``CrossEntropyLoss(weight, reduction, ignore_index)(scores, labels_name="labels")``."""
 
-    def build(self, scores: str, labels_name: str = "labels") -> str:
-        return super().build(scores, labels_name)
 
-
-class NLLLoss(Block, _losses.NLLLoss):
+class NLLLoss(_WithLabels, _losses.NLLLoss):
     """Negative log-likelihood: ``NLLLoss(weight, reduction, ignore_index)(scores, labels_name="labels")``."""
-
-    def build(self, scores: str, labels_name: str = "labels") -> str:
-        return super().build(scores, labels_name)
