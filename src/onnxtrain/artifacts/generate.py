@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import re
 from collections.abc import Sequence
 
 import onnx
@@ -28,7 +29,10 @@ logger = logging.getLogger(__name__)
 
 
 class LossType(enum.Enum):
-    """Built-in losses (the names of onnxruntime.training.artifacts.LossType, plus more)."""
+    """Built-in losses (the names of onnxruntime.training.artifacts.LossType, plus more).
+
+    This enum is the one table of built-in losses: each member names its block class in
+    :mod:`onnxtrain.blocks.losses`, and the command line's names derive from it (:attr:`cli_name`)."""
 
     MSELoss = 1
     CrossEntropyLoss = 2
@@ -37,19 +41,34 @@ class LossType(enum.Enum):
     HuberLoss = 5
     NLLLoss = 6
 
+    @property
+    def block_class(self) -> type[Block]:
+        return getattr(losses, self.name)
+
+    @property
+    def cli_name(self) -> str:
+        """``cross-entropy``, ``bce-with-logits``, ``mse``, ... (the class name in kebab case, without "Loss")."""
+        return _kebab(self.name.removesuffix("Loss"))
+
 
 class OptimType(enum.Enum):
-    """Built-in optimizers with their default hyper-parameters."""
+    """Built-in optimizers with their default hyper-parameters; the one table of them, as :class:`LossType`."""
 
     AdamW = 1
     SGD = 2
     Adam = 3
 
+    @property
+    def block_class(self) -> type[optim.Optimizer]:
+        return getattr(optim, self.name)
 
-_LOSSES = {LossType.MSELoss: losses.MSELoss, LossType.CrossEntropyLoss: losses.CrossEntropyLoss,
-           LossType.BCEWithLogitsLoss: losses.BCEWithLogitsLoss, LossType.L1Loss: losses.L1Loss,
-           LossType.HuberLoss: losses.HuberLoss, LossType.NLLLoss: losses.NLLLoss}
-_OPTIMIZERS = {OptimType.AdamW: optim.AdamW, OptimType.SGD: optim.SGD, OptimType.Adam: optim.Adam}
+    @property
+    def cli_name(self) -> str:
+        return self.name.lower()
+
+
+def _kebab(camel: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "-", camel).lower()
 
 
 def _resolve_loss(loss) -> tuple[Block, bool]:
@@ -58,9 +77,9 @@ def _resolve_loss(loss) -> tuple[Block, bool]:
     if loss is None:
         return ops.Identity(), False
     if isinstance(loss, LossType):
-        return _LOSSES[loss](), False
+        return loss.block_class(), False
     if isinstance(loss, Block):
-        return loss, not isinstance(loss, tuple(_LOSSES.values()))
+        return loss, not isinstance(loss, tuple(t.block_class for t in LossType))
     raise TypeError(f"loss must be a LossType or an onnxtrain.blocks.Block, got {type(loss).__name__}")
 
 
@@ -68,7 +87,7 @@ def _resolve_optimizer(optimizer) -> optim.Optimizer | None:
     if optimizer is None:
         return None
     if isinstance(optimizer, OptimType):
-        return _OPTIMIZERS[optimizer]()
+        return optimizer.block_class()
     if isinstance(optimizer, optim.Optimizer):
         return optimizer
     raise TypeError(f"optimizer must be an OptimType or an onnxtrain.blocks.Optimizer, got "
