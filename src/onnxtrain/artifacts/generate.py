@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
-import re
 from collections.abc import Sequence
 
 import onnx
@@ -15,8 +13,9 @@ from onnxtrain.artifacts.lora import apply_lora
 from onnxtrain.artifacts.optimizer import build_optimizer_model
 from onnxtrain.artifacts.params import plan_parameters
 from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
-from onnxtrain.blocks import losses, ops, optim
+from onnxtrain.blocks import ops, optim
 from onnxtrain.blocks.base import Block
+from onnxtrain.builtins import LossType, OptimType
 from onnxtrain.checkpoint import CheckpointData, save_checkpoint
 from onnxtrain.conventions import artifact_file
 from onnxtrain.errors import UnsupportedOpError
@@ -26,49 +25,6 @@ from onnxtrain.lora import LoRA
 __all__ = ["generate_artifacts", "LossType", "OptimType", "convert_to_ort"]
 
 logger = logging.getLogger(__name__)
-
-
-class LossType(enum.Enum):
-    """Built-in losses (the names of onnxruntime.training.artifacts.LossType, plus more).
-
-    This enum is the one table of built-in losses: each member names its block class in
-    :mod:`onnxtrain.blocks.losses`, and the command line's names derive from it (:attr:`cli_name`)."""
-
-    MSELoss = 1
-    CrossEntropyLoss = 2
-    BCEWithLogitsLoss = 3
-    L1Loss = 4
-    HuberLoss = 5
-    NLLLoss = 6
-
-    @property
-    def block_class(self) -> type[Block]:
-        return getattr(losses, self.name)
-
-    @property
-    def cli_name(self) -> str:
-        """``cross-entropy``, ``bce-with-logits``, ``mse``, ... (the class name in kebab case, without "Loss")."""
-        return _kebab(self.name.removesuffix("Loss"))
-
-
-class OptimType(enum.Enum):
-    """Built-in optimizers with their default hyper-parameters; the one table of them, as :class:`LossType`."""
-
-    AdamW = 1
-    SGD = 2
-    Adam = 3
-
-    @property
-    def block_class(self) -> type[optim.Optimizer]:
-        return getattr(optim, self.name)
-
-    @property
-    def cli_name(self) -> str:
-        return self.name.lower()
-
-
-def _kebab(camel: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "-", camel).lower()
 
 
 def _resolve_loss(loss) -> tuple[Block, bool]:

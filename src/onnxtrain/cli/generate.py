@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 
-from onnxtrain.artifacts.generate import LossType, OptimType
+from onnxtrain.builtins import LossType, OptimType
 from onnxtrain.cli.common import TRAIN_CONFIG_KEY, CliError, read_model
 from onnxtrain.cli.lora import add_lora_options, lora_config
 from onnxtrain.cli.train import add_train_options, given_options, resolve_options
