@@ -14,7 +14,7 @@ from onnxtrain import conventions as names
 from onnxtrain.artifacts.params import ParameterPlan
 from onnxtrain.artifacts.passes import DropUnreadIndices, EvalMode, PoolBeforeRelu
 from onnxtrain.autodiff import build_gradients
-from onnxtrain.blocks.base import Block, BuildContext, building
+from onnxtrain.blocks.base import Block, BuildContext
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.passes import constant_values, default_opset, node_inputs, prune_nodes, rename_values, used_names
@@ -66,8 +66,7 @@ def _add_loss(model: onnx.ModelProto, fwd: onnx.GraphProto, infos: dict[str, Ten
         return infer_tensor_info(_model(model, partial, {}))
 
     bctx = BuildContext(lb, dict(infos), reinfer=reinfer)
-    with building(bctx):
-        loss_out = loss(*loss_inputs)
+    loss_out = loss(*map(bctx.value, loss_inputs))
     if not isinstance(loss_out, str):
         raise TypeError(f"the loss block {type(loss).__name__} must return one value name, got {loss_out!r}")
     loss_name = lb.unique("loss")
