@@ -24,14 +24,17 @@ import numpy as np
 
 from onnxtrain.cli.common import CliError
 
-__all__ = ["add_parser", "run", "prepare_artifacts", "find_js_dir", "make_server", "DEMO_FILE", "HELDOUT_FILE"]
+__all__ = ["add_parser", "run", "prepare_artifacts", "find_js_dir", "make_server", "DEMO_FILE", "HELDOUT_FILE",
+           "REPLAY_FILE"]
 
 DEMO_FILE = "demo.json"           # what the page needs to know; also marks a folder the web demo made
 HELDOUT_FILE = "heldout.safetensors"
+REPLAY_FILE = "replay.safetensors"  # pre-training digits the page mixes into each step, so the head keeps them
 FORMAT = 1                        # bump when the page needs different artifacts; older folders are rebuilt
 ORT_WEB = ("node_modules", "onnxruntime-web", "dist", "ort.wasm.min.mjs")
 PRETRAIN_EPOCHS = 8
 HELDOUT = 300                     # digits the pre-training never sees: the page's "held-out" accuracy
+REPLAY_PER_CLASS = 20
 TRAINABLE_OPS = 3                 # fc1 -> Relu -> fc2: the classifier head, as in `onnxtrain demo`
 
 # URL prefix -> folder (relative to js/, or the artifacts folder); nothing outside these is served.
@@ -82,7 +85,7 @@ def _load_digits():
 
 
 def _is_ready(folder: Path) -> bool:
-    files = ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint", HELDOUT_FILE)
+    files = ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint", HELDOUT_FILE, REPLAY_FILE)
     try:
         meta = json.loads((folder / DEMO_FILE).read_text())
     except (OSError, ValueError):
@@ -135,8 +138,11 @@ def prepare_artifacts(folder: str | os.PathLike, seed: int = 0, epochs: int = PR
     generate_artifacts(pretrained, loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                        artifact_directory=str(out), additional_output_names=[OUTPUT], trainable_ops=TRAINABLE_OPS)
     save_file({"x": xh, "y": yh}, str(out / HELDOUT_FILE))
+    replay = np.concatenate([np.flatnonzero(yt == c)[:REPLAY_PER_CLASS] for c in range(10)])
+    save_file({"x": xt[replay], "y": yt[replay]}, str(out / REPLAY_FILE))
     meta = {"format": FORMAT, "input": INPUT, "output": OUTPUT, "labels": "labels", "classes": 10,
-            "pretrained_heldout_accuracy": accuracy, "heldout": HELDOUT, "learning_rate": 1e-2, "steps": 40}
+            "pretrained_heldout_accuracy": accuracy, "heldout": HELDOUT, "learning_rate": 3e-3, "steps": 40,
+            "replay_batch": 32}
     (out / DEMO_FILE).write_text(json.dumps(meta, indent=1))  # last: a folder without it is unfinished
     say(f"held-out accuracy {100 * accuracy:.1f}%; artifacts for the classifier head in {out}")
     return meta
