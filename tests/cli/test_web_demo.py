@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -103,3 +107,22 @@ def test_command_errors_are_one_line(tmp_path):
     proc = run_cli("web-demo", "--js-dir", tmp_path, "--no-open", "--artifacts", tmp_path / "a")
     assert_one_line_error(proc, "is not onnxtrain's js/ folder")
     assert not (tmp_path / "a").exists()  # nothing is trained before the page's files are found
+
+
+def test_command_serves_until_interrupted(artifacts):
+    if not (REPO / "js" / "node_modules" / "onnxruntime-web").is_dir():
+        pytest.skip("js/node_modules/onnxruntime-web is missing: run `npm ci` in js/ (see .ci/run)")
+    proc = subprocess.Popen([sys.executable, "-m", "onnxtrain.cli", "web-demo", "--port", "0", "--no-open",
+                             "--artifacts", str(artifacts)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        assert "reusing" in lines[0], lines
+        url = re.search(r"http://127\.0\.0\.1:(\d+)/", lines[1])
+        assert url, lines
+        connection = http.client.HTTPConnection("127.0.0.1", int(url.group(1)), timeout=10)
+        connection.request("GET", "/js/node_modules/onnxruntime-web/dist/ort.wasm.min.mjs")
+        assert connection.getresponse().status == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and out.strip().endswith("stopped"), (out, err)

@@ -216,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
         threading.Timer(0.3, webbrowser.open, (url,)).start()
     try:
         server.serve_forever()
+    except KeyboardInterrupt:  # the way to stop a server, not an error
+        print("stopped")
     finally:
         server.server_close()
     return 0
