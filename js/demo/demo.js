@@ -121,7 +121,7 @@ function setupPad() {
   const end = () => {
     if (!stroke) return;
     stroke = null;
-    showGuess();
+    reported(showGuess)();
   };
   pad.addEventListener('pointerup', end);
   pad.addEventListener('pointercancel', end);
@@ -174,7 +174,7 @@ function addExample(label) {
   }
   demo.examples.push({ pixels, label });
   clearPad();
-  renderExamples();
+  reported(renderExamples)();
 }
 
 async function renderExamples() {
@@ -199,7 +199,7 @@ async function renderExamples() {
     item.addEventListener('click', () => {
       if (demo.busy) return;
       demo.examples.splice(i, 1);
-      renderExamples();
+      reported(renderExamples)();
     });
     box.append(item);
   });
@@ -266,8 +266,7 @@ async function personalize() {
     setStatus(`trained ${steps} steps on ${examples.length} examples in ${seconds.toFixed(1)} s`);
     $('download').disabled = false;
   } finally {
-    setBusy(false);
-    await renderExamples();
+    await renderExamples().finally(() => setBusy(false));
   }
 }
 
@@ -310,13 +309,14 @@ async function reset() {
     demo.lastRun = null;
     demo.losses = [];
     drawLosses();
+    showAccuracy('before', { examples: null, heldout: null });
+    showAccuracy('after', { examples: null, heldout: null });
     $('progress').value = 0;
     $('progress-text').textContent = '';
     $('download').disabled = true;
     setStatus('back to the pretrained model');
   } finally {
-    setBusy(false);
-    await renderExamples();
+    await renderExamples().finally(() => setBusy(false));
   }
 }
 
@@ -335,10 +335,20 @@ function setStatus(text) {
   $('status').textContent = text;
 }
 
+/** A click handler that shows its failure on the page instead of losing it in the console. */
+function reported(handler) {
+  return () => handler().catch((error) => {
+    demo.error = String(error?.message ?? error);
+    setStatus(`error: ${demo.error}`);
+    console.error(error);
+  });
+}
+
 function setBusy(busy) {
   demo.busy = busy;
-  for (const id of ['personalize', 'reset', 'download']) $(id).disabled = busy;
-  if (!busy) $('download').disabled = demo.lastRun === null;
+  $('reset').disabled = busy;
+  $('personalize').disabled = busy || demo.examples.length === 0;
+  $('download').disabled = busy || demo.lastRun === null;
 }
 
 /** Digits written by `onnxtrain web-demo` ({x: [n,1,8,8] in 0..1, y: [n]}) as 0..16 images and labels. */
@@ -365,15 +375,14 @@ async function main() {
   setupPad();
   clearPad();
   $('clear').addEventListener('click', clearPad);
-  $('personalize').addEventListener('click', personalize);
-  $('reset').addEventListener('click', reset);
-  $('download').addEventListener('click', download);
+  $('personalize').addEventListener('click', reported(personalize));
+  $('reset').addEventListener('click', reported(reset));
+  $('download').addEventListener('click', reported(download));
   const pretrained = await accuracy(demo.heldout.x, demo.heldout.y);
   setStatus(`pretrained model loaded: ${percent(pretrained)} on ${demo.heldout.y.length} held-out digits of the ` +
     'data set. Draw, label, personalize.');
   demo.ready = true;
   setBusy(false);
-  $('personalize').disabled = true;
 }
 
 main().catch((error) => {

@@ -81,6 +81,7 @@ async function main([url, out]) {
     for (const id of ['examples-before', 'examples-after', 'heldout-before', 'heldout-after', 'progress-text', 'status']) {
       shown[id] = await text(page, `#${id}`);
     }
+    const progress = await page.$eval('#progress', (bar) => bar.value);
 
     const cdp = await page.createCDPSession();
     await cdp.send('Browser.setDownloadBehavior', { behavior: 'allow', downloadPath: out });
@@ -97,7 +98,12 @@ async function main([url, out]) {
     await page.screenshot({ path: join(out, 'web-demo.png'), fullPage: true });
 
     const state = await page.evaluate(() => ({ lastRun: window.webDemo.lastRun, examples: window.webDemo.examples() }));
-    const result = { ...state, shown, guesses, after, errors, progress: await page.$eval('#progress', (p) => p.value) };
+    const misread = () => page.$$eval('#examples .wrong', (captions) => captions.length);
+    const misreadAfter = await misread();
+    await page.click('#reset');
+    await page.waitForFunction(() => window.webDemo.lastRun === null && !window.webDemo.busy);
+    const reset = { misreadAfter, misreadReset: await misread(), accuracyShown: await text(page, '#examples-after') };
+    const result = { ...state, shown, guesses, after, reset, errors, progress };
     writeFileSync(join(out, 'result.json'), JSON.stringify(result, null, 1));
     console.log(JSON.stringify({ shown, guesses }));
   } finally {

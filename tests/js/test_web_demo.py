@@ -91,6 +91,10 @@ def test_draw_label_personalize_download(artifacts, tmp_path):
     assert run["before"]["examples"] < 1.0 and run["after"]["examples"] == 1.0
     assert run["after"]["heldout"] >= 0.9
     assert "reads 1" in result["after"]["guess"], result["after"]
+    # The gallery marks the misread examples; "back to pretrained" brings the pretrained model's back.
+    misread = {when: round(run["examples"] * (1 - run[when]["examples"])) for when in ("before", "after")}
+    assert result["reset"] == {"misreadAfter": misread["after"], "misreadReset": misread["before"],
+                               "accuracyShown": "–"}
 
     # The drawings became digits-style images: 8x8 counts from 0 to 16.
     x = np.array([e["pixels"] for e in result["examples"]], np.float32)
