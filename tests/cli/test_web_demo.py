@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +56,13 @@ def test_artifacts_are_reused_and_foreign_folders_refused(artifacts, tmp_path):
     with pytest.raises(CliError, match="was not made by the web demo"):
         prepare_artifacts(tmp_path, epochs=1, say=lambda *_: None)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+    # A folder an interrupted run left (marked, no demo.json) is made again.
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(artifacts, unfinished)
+    (unfinished / DEMO_FILE).unlink()
+    said.clear()
+    prepare_artifacts(unfinished, epochs=1, say=said.append)
+    assert "pre-training" in said[0] and (unfinished / DEMO_FILE).is_file()
 
 
 def get(server, path: str) -> http.client.HTTPResponse:

@@ -27,7 +27,8 @@ from onnxtrain.cli.common import CliError
 __all__ = ["add_parser", "run", "prepare_artifacts", "find_js_dir", "make_server", "DEMO_FILE", "HELDOUT_FILE",
            "REPLAY_FILE"]
 
-DEMO_FILE = "demo.json"           # what the page needs to know; also marks a folder the web demo made
+DEMO_FILE = "demo.json"           # what the page needs to know; written last, so it marks a finished folder
+MARKER = ".onnxtrain-web-demo"    # written first: a folder the web demo made (and may fill again)
 HELDOUT_FILE = "heldout.safetensors"
 REPLAY_FILE = "replay.safetensors"  # pre-training digits the page mixes into each step, so the head keeps them
 FORMAT = 1                        # bump when the page needs different artifacts; older folders are rebuilt
@@ -111,7 +112,7 @@ def prepare_artifacts(folder: str | os.PathLike, seed: int = 0, epochs: int = PR
     if _is_ready(out):
         say(f"reusing the pretrained digits model in {out} (delete the folder to make it again)")
         return json.loads((out / DEMO_FILE).read_text())
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / DEMO_FILE).exists())):
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).exists())):
         raise CliError(f"{out} exists and was not made by the web demo; choose another folder with --artifacts")
     quiet_onnxruntime()
     digits = _load_digits()
@@ -133,6 +134,7 @@ def prepare_artifacts(folder: str | os.PathLike, seed: int = 0, epochs: int = PR
             train_epoch(module, optimizer, batches(xt, yt, 32, shuffle=True, seed=seed, epoch=epoch))
         accuracy = evaluate(module, batches(xh, yh, 256), metrics=["accuracy"]).metrics["accuracy"]
         out.mkdir(parents=True, exist_ok=True)
+        (out / MARKER).write_text("made by onnxtrain web-demo; a rerun may replace the files in this folder\n")
         pretrained = str(out / "pretrained.onnx")
         module.export_model_for_inferencing(pretrained, [OUTPUT])
     generate_artifacts(pretrained, loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
