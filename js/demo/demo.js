@@ -14,7 +14,7 @@ const BATCH = 32;                       // more examples than this train in shuf
 const $ = (id) => document.getElementById(id);
 
 const demo = {
-  meta: null, session: null, initialCheckpoint: null, heldout: null, replay: null,
+  meta: null, names: {}, session: null, initialCheckpoint: null, heldout: null, replay: null,
   strokes: [], examples: [], losses: [], lastRun: null, busy: false, ready: false, error: null,
 };
 window.webDemo = {
@@ -46,6 +46,9 @@ async function openSession(checkpoint) {
   // A copy: the session's state must not alias the pristine bytes "back to pretrained" reloads.
   const session = await TrainingSession.create({ checkpointState: checkpoint.slice(), trainModel, evalModel, optimizerModel });
   session.setLearningRate(Number($('lr').value));
+  // The artifacts name their inputs (image, labels) and outputs (loss, logits).
+  [demo.names.input, demo.names.labels] = session.trainingInputNames;
+  demo.names.output = session.trainingOutputNames[1];
   return session;
 }
 
@@ -55,15 +58,15 @@ function feeds(images, labels) {
   const x = new Float32Array(n * PIXELS);
   for (let i = 0; i < x.length; i++) x[i] = images[i] / MAX_VALUE;
   return {
-    [demo.meta.input]: new ort.Tensor('float32', x, [n, 1, SIDE, SIDE]),
-    [demo.meta.labels]: new ort.Tensor('int64', BigInt64Array.from(labels, BigInt), [n]),
+    [demo.names.input]: new ort.Tensor('float32', x, [n, 1, SIDE, SIDE]),
+    [demo.names.labels]: new ort.Tensor('int64', BigInt64Array.from(labels, BigInt), [n]),
   };
 }
 
 /** Predicted class and its softmax probability for each image, with the eval model. */
 async function predict(images, n) {
   const outputs = await serialized(() => demo.session.runEvalStep(feeds(images, new Array(n).fill(0))));
-  const logits = outputs[demo.meta.output].data;
+  const logits = outputs[demo.names.output].data;
   const classes = demo.meta.classes;
   const result = [];
   for (let i = 0; i < n; i++) {

@@ -34,7 +34,7 @@ def artifacts(tmp_path_factory) -> Path:
 
 def test_artifacts_train_the_head_and_ship_digits(artifacts):
     meta = json.loads((artifacts / DEMO_FILE).read_text())
-    assert (meta["input"], meta["output"], meta["classes"]) == ("image", "logits", 10)
+    assert meta["classes"] == 10 and meta["steps"] > 0 and meta["learning_rate"] > 0
     state = CheckpointState.load_checkpoint(str(artifacts / "checkpoint"))
     trainable = sorted(n for n, p in state.parameters.items() if p.requires_grad)
     assert trainable == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]

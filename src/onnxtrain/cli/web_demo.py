@@ -105,7 +105,7 @@ def prepare_artifacts(folder: str | os.PathLike, seed: int = 0, epochs: int = PR
     from onnxtrain.api import CheckpointState, Module, Optimizer
     from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
     from onnxtrain.cli.common import quiet_onnxruntime
-    from onnxtrain.demo.model import INPUT, OUTPUT, build_cnn
+    from onnxtrain.demo.model import OUTPUT, build_cnn
     from onnxtrain.runtime.loop import batches, evaluate, train_epoch
 
     out = Path(folder)
@@ -142,7 +142,7 @@ def prepare_artifacts(folder: str | os.PathLike, seed: int = 0, epochs: int = PR
     save_file({"x": xh, "y": yh}, str(out / HELDOUT_FILE))
     replay = np.concatenate([np.flatnonzero(yt == c)[:REPLAY_PER_CLASS] for c in range(10)])
     save_file({"x": xt[replay], "y": yt[replay]}, str(out / REPLAY_FILE))
-    meta = {"format": FORMAT, "input": INPUT, "output": OUTPUT, "labels": "labels", "classes": 10,
+    meta = {"format": FORMAT, "classes": 10,
             "pretrained_heldout_accuracy": accuracy, "heldout": HELDOUT, "learning_rate": 3e-3, "steps": 40,
             "replay_batch": 32}
     (out / DEMO_FILE).write_text(json.dumps(meta, indent=1))  # last: a folder without it is unfinished
