@@ -144,6 +144,7 @@ function clearPad() {
   ink.clearRect(0, 0, pad.width, pad.height);
   drawImage($('preview'), null);
   $('guess').textContent = "the model's guess appears here";
+  delete $('guess').dataset.strokes;
 }
 
 /** An 8x8 image (0..16) on a small canvas, dark ink on white; empty for null. */
@@ -164,8 +165,11 @@ async function showGuess() {
   const pixels = digitize(demo.strokes);
   drawImage($('preview'), pixels);
   if (!pixels || demo.busy || !demo.ready) return;
+  const [strokes, count] = [demo.strokes, demo.strokes.length];
   const [guess] = await predict(pixels, 1);
+  if (demo.strokes !== strokes || strokes.length !== count) return;   // drawn on or cleared meanwhile
   $('guess').textContent = `the model reads ${guess.label} (${Math.round(100 * guess.probability)}%)`;
+  $('guess').dataset.strokes = String(count);
 }
 
 // -- examples ------------------------------------------------------------------------------------------------

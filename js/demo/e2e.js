@@ -42,6 +42,8 @@ async function draw(page, strokes) {
     for (const point of rest) await page.mouse.move(...point, { steps: 3 });
     await page.mouse.up();
   }
+  // The page guesses after each stroke; wait for the guess of the whole drawing.
+  await page.waitForFunction((n) => document.getElementById('guess').dataset.strokes === String(n), {}, strokes.length);
 }
 
 async function text(page, selector) {
@@ -66,7 +68,6 @@ async function main([url, out]) {
     for (const [digit, strokes] of Object.entries(DIGITS)) {
       for (let repeat = 0; repeat < REPEATS; repeat++) {
         await draw(page, styled(strokes, repeat));
-        await page.waitForFunction(() => /reads \d/.test(document.getElementById('guess').textContent));
         guesses.push({ digit: Number(digit), guess: await text(page, '#guess') });
         const buttons = await page.$$('#labels button');
         await buttons[Number(digit)].click();
@@ -93,7 +94,6 @@ async function main([url, out]) {
     }
     // One more of this writer's 1s, unlabelled: the screenshot shows the personalized model reading it.
     await draw(page, styled(DIGITS[1], REPEATS));
-    await page.waitForFunction(() => /reads \d/.test(document.getElementById('guess').textContent));
     const after = { digit: 1, guess: await text(page, '#guess') };
     await page.screenshot({ path: join(out, 'web-demo.png'), fullPage: true });
 
