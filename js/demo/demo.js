@@ -232,10 +232,11 @@ function shuffled(n) {
 }
 
 async function personalize() {
-  const steps = Math.max(1, Math.floor(Number($('steps').value)));
+  const steps = Number($('steps').value);
   const learningRate = Number($('lr').value);
-  if (!(learningRate > 0)) {
-    setStatus('the learning rate must be a positive number');
+  if (!(Number.isInteger(steps) && steps >= 1) || !(learningRate > 0)) {
+    setStatus(`steps must be a whole number from 1 and the learning rate a positive number (got ${$('steps').value} ` +
+      `and ${$('lr').value})`);
     return;
   }
   setBusy(true);
@@ -271,7 +272,6 @@ async function personalize() {
     showAccuracy('after', after);
     demo.lastRun = { steps, learningRate, examples: examples.length, before, after, losses: [...demo.losses], seconds };
     setStatus(`trained ${steps} steps on ${examples.length} examples in ${seconds.toFixed(1)} s`);
-    $('download').disabled = false;
   } finally {
     await renderExamples().finally(() => setBusy(false));
   }

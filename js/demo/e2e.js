@@ -76,6 +76,13 @@ async function main([url, out]) {
     await page.waitForFunction((n) => window.webDemo.examples().length === n && !window.webDemo.busy, {},
       Object.keys(DIGITS).length * REPEATS);
 
+    // A bad setting is refused with a message, and nothing trains.
+    const steps = await page.$eval('#steps', (input) => input.value);
+    await page.$eval('#steps', (input) => { input.value = '0'; });
+    await page.click('#personalize');
+    const refused = { status: await text(page, '#status'), trained: await page.evaluate(() => window.webDemo.lastRun !== null) };
+    await page.$eval('#steps', (input, value) => { input.value = value; }, steps);
+
     await page.click('#personalize');
     await page.waitForFunction(() => window.webDemo.lastRun !== null && !window.webDemo.busy, { timeout: 60000 });
     const shown = {};
@@ -103,7 +110,7 @@ async function main([url, out]) {
     await page.click('#reset');
     await page.waitForFunction(() => window.webDemo.lastRun === null && !window.webDemo.busy);
     const reset = { misreadAfter, misreadReset: await misread(), accuracyShown: await text(page, '#examples-after') };
-    const result = { ...state, shown, guesses, after, reset, errors, progress };
+    const result = { ...state, shown, guesses, after, reset, refused, errors, progress };
     writeFileSync(join(out, 'result.json'), JSON.stringify(result, null, 1));
     console.log(JSON.stringify({ shown, guesses }));
   } finally {

@@ -78,6 +78,8 @@ def test_draw_label_personalize_download(artifacts, tmp_path):
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["errors"] == [], result["errors"]
     run, shown = result["lastRun"], result["shown"]
+    assert not result["refused"]["trained"] and "steps must be a whole number from 1" in result["refused"]["status"]
+    assert "(got 0 and " in result["refused"]["status"]
 
     # The page shows the run's numbers, and the run trained every step it was asked for.
     for where in ("examples", "heldout"):
