@@ -100,6 +100,23 @@ def test_busy_port_is_a_clear_error(artifacts):
         first.server_close()
 
 
+def test_symlinked_node_modules_are_served(artifacts, tmp_path):
+    if not (REPO / "js" / "node_modules" / "onnxruntime-web").is_dir():
+        pytest.skip("js/node_modules/onnxruntime-web is missing: run `npm ci` in js/ (see .ci/run)")
+    js = tmp_path / "js"
+    for part in ("src", "demo", "node_modules"):
+        (js / part).parent.mkdir(exist_ok=True)
+        (js / part).symlink_to(REPO / "js" / part)
+    server = make_server(find_js_dir(js), artifacts, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert get(server, "/js/node_modules/onnxruntime-web/dist/ort.wasm.min.mjs").status == 200
+        assert get(server, "/js/demo/index.html").status == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_js_dir_errors_say_what_to_do(tmp_path):
     with pytest.raises(CliError, match="is not onnxtrain's js/ folder"):
         find_js_dir(tmp_path)

@@ -196,8 +196,8 @@ class _Handler(BaseHTTPRequestHandler):
 def make_server(js_dir: str | os.PathLike, artifacts: str | os.PathLike, host: str = "127.0.0.1",
                 port: int = 0) -> ThreadingHTTPServer:
     """An HTTP server for the page (not started: call ``serve_forever``); ``port=0`` picks a free port."""
-    js = Path(js_dir).resolve()
-    roots = {prefix: js.joinpath(*parts) for prefix, parts in _JS_ROUTES.items()}
+    # Resolved roots: a symlinked node_modules (pnpm, a shared install) still serves its files.
+    roots = {prefix: Path(js_dir).joinpath(*parts).resolve() for prefix, parts in _JS_ROUTES.items()}
     roots["/artifacts/"] = Path(artifacts).resolve()
     handler = type("Handler", (_Handler,), {"roots": roots})
     try:
