@@ -15,7 +15,7 @@ from onnxtrain import __version__
 
 __all__ = ["main", "build_parser"]
 
-_COMMANDS = ("generate", "train", "eval", "export", "info", "data", "ops", "demo", "federated")
+_COMMANDS = ("generate", "train", "eval", "export", "info", "data", "ops", "demo", "federated", "web-demo")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,7 +45,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from onnxtrain.cli import datafile, evaluate, export, generate, info, ops, train
+    from onnxtrain.cli import datafile, evaluate, export, generate, info, ops, train, web_demo
     from onnxtrain.federated import cli as federated  # imports no Flower until the command runs
 
     common = argparse.ArgumentParser(add_help=False)
@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module in (generate, train, evaluate, export, info, datafile, ops, federated):
         module.add_parser(sub)
     _add_demo(sub)
+    web_demo.add_parser(sub)
     for action in sub.choices.values():  # --debug after the command works too
         action.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
