@@ -202,6 +202,26 @@ def torch_loss_and_grads(run: Run, inputs, labels, dtype):
                          for n, p in model.named_parameters()}
 
 
+def float32_sensitivity(run: Run, inputs, labels, ref64: dict, norms: dict, tries: int = 3) -> dict[str, float]:
+    """Per parameter, the largest relative change of torch's float64 gradient when the float inputs are moved
+    by their float32 rounding (relative noise of 3e-7): how well defined the gradient is at float32 precision.
+
+    Near a ReLU or MaxPool kink, or through training-mode BatchNorm over few values, a change that small flips
+    branches and moves a whole tensor's gradient by 1e-2; any float32 implementation (torch's own, ours) may land
+    anywhere in that range. Away from kinks it is ~1e-7, so a wrong rule still fails.
+    """
+    torch = _torch()
+    moved = dict.fromkeys(norms, 0.0)
+    for k in range(tries):
+        rng = np.random.default_rng(1000 + k)
+        nudged = [x * (1 + 3e-7 * rng.standard_normal(x.shape)).astype(x.dtype) if x.dtype.kind == "f" else x
+                  for x in inputs]
+        _, grads = torch_loss_and_grads(run, nudged, labels, torch.float64)
+        for n in moved:
+            moved[n] = max(moved[n], float(np.linalg.norm(grads[n] - ref64[n])) / norms[n])
+    return moved
+
+
 def gradient_error(run: Run, case: str, seed: int) -> tuple[float, str]:
     """(worst error / tolerance, message) over every parameter for one batch; raises on a wrong loss or
     parameter set."""
@@ -219,18 +239,27 @@ def gradient_error(run: Run, case: str, seed: int) -> tuple[float, str]:
     used = {n for n, g in ref64.items() if g is not None}
     ours = {n for n, p in state.parameters if p.requires_grad}
     scale = np.sqrt(sum(float(np.sum(g * g)) for g in ref64.values() if g is not None))
-    worst = (0.0, "", 0.0, 0.0)
-    for name in sorted(ours & set(ref64)):
-        grad, ref = state.parameters[name].grad, ref64[name]
-        if ref is None:  # unused by the forward pass: torch has no gradient, ours must be zero
-            assert not np.any(grad), f"{name}: nonzero gradient for a parameter the loss does not use"
-            continue
-        norm = max(float(np.linalg.norm(ref)), 1e-6 * scale)  # gradients zero in exact arithmetic
-        err = float(np.linalg.norm(grad - ref)) / norm
-        torch_err = float(np.linalg.norm(ref32[name] - ref)) / norm
-        worst = max(worst, (err / max(GRAD_RTOL, 5 * torch_err), name, err, torch_err))
-    ratio, name, err, torch_err = worst
-    message = f"{name}: relative gradient error {err:.2e} (torch float32: {torch_err:.2e})"
+    names = sorted(ours & set(ref64))
+    for name in names:
+        if ref64[name] is None:  # unused by the forward pass: torch has no gradient, ours must be zero
+            assert not np.any(state.parameters[name].grad), f"{name}: nonzero gradient for a parameter the loss " \
+                                                            "does not use"
+    names = [n for n in names if ref64[n] is not None]
+    norms = {n: max(float(np.linalg.norm(ref64[n])), 1e-6 * scale) for n in names}  # zero in exact arithmetic
+    errors = {n: float(np.linalg.norm(state.parameters[n].grad - ref64[n])) / norms[n] for n in names}
+    torch_errors = {n: float(np.linalg.norm(ref32[n] - ref64[n])) / norms[n] for n in names}
+    sensitivity = dict.fromkeys(names, 0.0)
+
+    def worst():
+        return max(((errors[n] / max(GRAD_RTOL, 5 * torch_errors[n], 2 * sensitivity[n]), n) for n in names),
+                   default=(0.0, ""))
+
+    if worst()[0] >= 1:  # measure how much float32 rounding of the inputs alone moves the exact gradient
+        sensitivity = float32_sensitivity(run, inputs, labels, ref64, norms)
+    ratio, name = worst()
+    message = (f"{name}: relative gradient error {errors.get(name, 0):.2e} (torch float32: "
+               f"{torch_errors.get(name, 0):.2e}; float64 moved by float32 input rounding: "
+               f"{sensitivity.get(name, 0):.2e})")
     if ratio < 1:  # the parameter sets are checked once the shared parameters' gradients are known to match
         assert ours >= used, f"not trained: {sorted(used - ours)[:4]} (trainable: {len(ours)}, torch: {len(used)})"
         assert ours <= set(ref64), (f"the other gradients match, but these non-parameters are trained: "
@@ -241,8 +270,10 @@ def gradient_error(run: Run, case: str, seed: int) -> tuple[float, str]:
 def check_gradients(run: Run, case: str, seeds: int = 3) -> None:
     """Loss and every parameter's gradient from the training artifacts match torch's (float64 reference).
 
-    Norm-wise relative error below 1e-4 per tensor, or within 5x torch's own float32 error where that is larger
-    (training-mode BatchNorm over few values is ill-conditioned: float32 torch is off too).
+    Norm-wise relative error below 1e-4 per tensor, or within 5x torch's own float32 error, or within twice
+    how far float32 rounding of the inputs alone moves the exact gradient (:func:`float32_sensitivity`),
+    whichever is larger: training-mode BatchNorm over few values, and kinks met by chance, make some gradients
+    ill-defined at float32 precision.
 
     A ReLU or MaxPool input within float32 rounding of its kink (resnet18 at batch 3: one pre-activation of
     6.6e-7 out of 10^5) can take the other branch in onnxruntime than in torch, which changes that element's

@@ -66,7 +66,8 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
     """Decide the role of every initializer.
 
     - ``requires_grad`` (names or globs): trained. When None, every floating-point initializer that is not
-      frozen and not a BatchNorm running statistic (of a training- or inference-mode node) is trained.
+      frozen, not a BatchNorm running statistic (of a training- or inference-mode node) and not a known torch
+      buffer (:data:`KNOWN_BUFFERS`) is trained.
     - ``frozen_params``: kept in the checkpoint, fed to the graphs, never updated.
     - ``trainable_ops=N`` (N >= 0): only parameters consumed by the last N nodes (topological order) train;
       the other candidates become frozen.
@@ -89,7 +90,7 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
     if requires_grad is None:
         statistics = running_statistics(graph)
         trainable = [n for n in float_names if n not in frozen and n not in buffers and n not in statistics
-                     and weights[n].ndim > 0 and _is_weight_like(graph, n)]
+                     and weights[n].ndim > 0 and _is_weight_like(graph, n) and not _is_known_buffer(n)]
     if trainable_ops is not None and trainable_ops >= 0:
         if trainable_ops > len(graph.node):
             raise ValueError(f"trainable_ops={trainable_ops} but the model has only {len(graph.node)} nodes")
@@ -99,6 +100,16 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
         trainable = [n for n in trainable if n in consumed]
     frozen = [n for n in frozen if n not in buffers]
     return ParameterPlan(trainable=trainable, frozen=frozen, buffers=buffers)
+
+
+# torch buffers (not parameters) that exporters write as initializers like any weight, by their conventional
+# names: rotary position embeddings' inverse frequencies (Hugging Face's Llama, Qwen, Mistral, ... `inv_freq`).
+# Trained, they would change the position encoding; list them in requires_grad to train them anyway.
+KNOWN_BUFFERS = ("*inv_freq",)
+
+
+def _is_known_buffer(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in KNOWN_BUFFERS)
 
 
 def _is_weight_like(graph: onnx.GraphProto, name: str) -> bool:
