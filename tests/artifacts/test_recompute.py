@@ -4,7 +4,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxtrain.artifacts import LossType, generate_artifacts
-from onnxtrain.artifacts.passes import RecomputeElementwise
+from onnxtrain.artifacts.passes import RecomputeInBackward
 from onnxtrain.artifacts.passes.recompute import SUFFIX
 
 N, D, H = 4, 6, 10
@@ -72,7 +72,7 @@ def _feeds(model: onnx.ModelProto) -> dict:
 def test_the_gelu_backward_keeps_only_its_input(tmp_path):
     model = _training_model(tmp_path, "gelu")
     assert {"h", "u", "t"} <= _backward_reads(model)  # Erf reads u, Mul reads h and t
-    result = RecomputeElementwise()(model)
+    result = RecomputeInBackward()(model)
     assert result.modified
     assert _backward_reads(result.model) & {"u", "e", "t", "m"} == set()
     assert "h" in _backward_reads(result.model)
@@ -84,7 +84,7 @@ def test_the_gelu_backward_keeps_only_its_input(tmp_path):
 
 
 def test_onnxruntime_does_not_merge_the_copies_back(tmp_path):
-    model = RecomputeElementwise()(_training_model(tmp_path, "gelu")).model
+    model = RecomputeInBackward()(_training_model(tmp_path, "gelu")).model
     so = ort.SessionOptions()
     so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -97,5 +97,5 @@ def test_onnxruntime_does_not_merge_the_copies_back(tmp_path):
 def test_a_chain_from_a_value_nothing_keeps_is_left_alone(tmp_path):
     model = _training_model(tmp_path, "tanh")
     assert "a" in _backward_reads(model) and "h" not in _backward_reads(model)
-    result = RecomputeElementwise()(model)
+    result = RecomputeInBackward()(model)
     assert not result.modified and result.model is model

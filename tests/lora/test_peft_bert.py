@@ -200,3 +200,14 @@ def test_the_backward_does_only_what_the_adapters_need(bert, tmp_path):
     # the erf GELU keeps only its input: its other intermediates are recomputed in the backward
     gelu = {o for n in forward if "intermediate_act_fn" in n.name and n.op_type != "Constant" for o in n.output}
     assert reads & gelu == set()
+    # so are the attention probabilities where the backward keeps q and k anyway (layer 0's key needs no
+    # gradient, so there it may keep them instead), and onnxruntime does not merge the copies back
+    probabilities = {n.output[0]: n.name for n in forward if n.op_type == "Softmax"}
+    kept = {probabilities[v] for v in reads & set(probabilities)}
+    assert kept <= {"/bert/encoder/layer.0/attention/self/Softmax"}
+    copies = [n for n in model.graph.node if n.op_type == "Softmax" and n.name not in probabilities.values()]
+    assert len(copies) == 2 - len(kept)
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(paths["training"], so, providers=["CPUExecutionProvider"])
+    assert [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node].count("Softmax") == 4 - len(kept)
