@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 from collections.abc import Sequence
@@ -14,8 +13,9 @@ from onnxtrain.artifacts.lora import apply_lora, finish_lora
 from onnxtrain.artifacts.optimizer import build_optimizer_model
 from onnxtrain.artifacts.params import plan_parameters
 from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
-from onnxtrain.blocks import losses, ops, optim
+from onnxtrain.blocks import ops, optim
 from onnxtrain.blocks.base import Block
+from onnxtrain.builtins import LossType, OptimType
 from onnxtrain.checkpoint import CheckpointData, save_checkpoint
 from onnxtrain.conventions import artifact_file
 from onnxtrain.errors import UnsupportedOpError
@@ -27,40 +27,15 @@ __all__ = ["generate_artifacts", "LossType", "OptimType", "convert_to_ort"]
 logger = logging.getLogger(__name__)
 
 
-class LossType(enum.Enum):
-    """Built-in losses (the names of onnxruntime.training.artifacts.LossType, plus more)."""
-
-    MSELoss = 1
-    CrossEntropyLoss = 2
-    BCEWithLogitsLoss = 3
-    L1Loss = 4
-    HuberLoss = 5
-    NLLLoss = 6
-
-
-class OptimType(enum.Enum):
-    """Built-in optimizers with their default hyper-parameters."""
-
-    AdamW = 1
-    SGD = 2
-    Adam = 3
-
-
-_LOSSES = {LossType.MSELoss: losses.MSELoss, LossType.CrossEntropyLoss: losses.CrossEntropyLoss,
-           LossType.BCEWithLogitsLoss: losses.BCEWithLogitsLoss, LossType.L1Loss: losses.L1Loss,
-           LossType.HuberLoss: losses.HuberLoss, LossType.NLLLoss: losses.NLLLoss}
-_OPTIMIZERS = {OptimType.AdamW: optim.AdamW, OptimType.SGD: optim.SGD, OptimType.Adam: optim.Adam}
-
-
 def _resolve_loss(loss) -> tuple[Block, bool]:
     """(block, whether every model output goes to it): built-ins take the first output, custom blocks all.
     None: the model's first output already is the loss."""
     if loss is None:
         return ops.Identity(), False
     if isinstance(loss, LossType):
-        return _LOSSES[loss](), False
+        return loss.block_class(), False
     if isinstance(loss, Block):
-        return loss, not isinstance(loss, tuple(_LOSSES.values()))
+        return loss, not isinstance(loss, tuple(t.block_class for t in LossType))
     raise TypeError(f"loss must be a LossType or an onnxtrain.blocks.Block, got {type(loss).__name__}")
 
 
@@ -68,7 +43,7 @@ def _resolve_optimizer(optimizer) -> optim.Optimizer | None:
     if optimizer is None:
         return None
     if isinstance(optimizer, OptimType):
-        return _OPTIMIZERS[optimizer]()
+        return optimizer.block_class()
     if isinstance(optimizer, optim.Optimizer):
         return optimizer
     raise TypeError(f"optimizer must be an OptimType or an onnxtrain.blocks.Optimizer, got "

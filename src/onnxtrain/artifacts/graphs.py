@@ -14,11 +14,11 @@ from onnxtrain import conventions as names
 from onnxtrain.artifacts.params import ParameterPlan
 from onnxtrain.artifacts.passes import DropUnreadIndices, EvalMode, PoolBeforeRelu
 from onnxtrain.autodiff import build_gradients
-from onnxtrain.blocks.base import Block, BuildContext, building
+from onnxtrain.blocks.base import Block, BuildContext
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.passes import constant_values, default_opset, node_inputs, prune_nodes, rename_values, used_names
-from onnxtrain.ir.types import TensorInfo, infer_tensor_info
+from onnxtrain.ir.types import TensorInfo, infer_tensor_info, value_info
 
 __all__ = ["TrainingGraphs", "build_graphs"]
 
@@ -30,11 +30,6 @@ class TrainingGraphs:
     user_inputs: list[str]
     label_inputs: list[str]
 
-
-def _value_info(name: str, info: TensorInfo | None) -> onnx.ValueInfoProto:
-    if info is None:
-        return helper.make_tensor_value_info(name, onnx.TensorProto.UNDEFINED, None)
-    return helper.make_tensor_value_info(name, info.elem_type, info.shape)
 
 
 def _model(template: onnx.ModelProto, graph: onnx.GraphProto, meta: dict) -> onnx.ModelProto:
@@ -71,8 +66,7 @@ def _add_loss(model: onnx.ModelProto, fwd: onnx.GraphProto, infos: dict[str, Ten
         return infer_tensor_info(_model(model, partial, {}))
 
     bctx = BuildContext(lb, dict(infos), reinfer=reinfer)
-    with building(bctx):
-        loss_out = loss(*loss_inputs)
+    loss_out = loss(*map(bctx.value, loss_inputs))
     if not isinstance(loss_out, str):
         raise TypeError(f"the loss block {type(loss).__name__} must return one value name, got {loss_out!r}")
     loss_name = lb.unique("loss")
@@ -165,8 +159,8 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     grad_inputs, grad_outputs, accumulation = _accumulate(acc, grads, wrt, infos)
     buffer_outputs = _buffer_outputs(acc, forward_nodes, plan.buffers, infos, extras)
 
-    extra_outputs = [_value_info(n, infos.get(n)) for n in extras]
-    loss_vi = _value_info(loss_name, infos.get(loss_name))
+    extra_outputs = [value_info(n, infos.get(n)) for n in extras]
+    loss_vi = value_info(loss_name, infos.get(loss_name))
     outputs = [loss_vi, *extra_outputs, *grad_outputs, *buffer_outputs]
     train_nodes = prune_nodes([*forward_nodes, *gb.nodes, *acc.nodes], [o.name for o in outputs])
     train_graph = helper.make_graph(

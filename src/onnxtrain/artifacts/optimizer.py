@@ -8,7 +8,7 @@ from onnx import helper
 
 from onnxtrain import conventions as names
 from onnxtrain.artifacts.passes import FoldOutputIdentities
-from onnxtrain.blocks.base import BuildContext, building
+from onnxtrain.blocks.base import BuildContext
 from onnxtrain.blocks.optim import Optimizer, OptimizerInputs
 from onnxtrain.conventions import OptimizerMeta
 from onnxtrain.ir.builder import GraphBuilder
@@ -33,9 +33,8 @@ def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], o
         b.reserve(n)
     lr = names.LEARNING_RATE
     step = b.op.Cast(names.STEP, to=onnx.TensorProto.FLOAT)
-    with building(BuildContext(b, {})):
-        new_params, new_states = optimizer.build(OptimizerInputs(lr, step, names.PARAMS, names.GRADIENTS,
-                                                                 {s: s for s in optimizer.state_names}))
+    new_params, new_states = optimizer.build(OptimizerInputs(BuildContext(b, {}), lr, step, names.PARAMS,
+                                                             names.GRADIENTS, {s: s for s in optimizer.state_names}))
     if dtype != np.float32:  # the update runs in float32 scalars; cast vector results back
         raise TypeError(f"the optimizer graph supports float32 parameters, got {dtype}")
     b.node("Identity", [new_params], [names.output_name(names.PARAMS)])

@@ -10,7 +10,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
-from onnxtrain.ir.passes import declare_as_inputs, default_opset, node_inputs
+from onnxtrain.ir.passes import clone, declare_as_inputs, default_opset, node_inputs
 
 __all__ = ["SourceModel", "load_source_model", "MIN_OPSET", "KEEP_OPSET_FROM"]
 
@@ -83,8 +83,7 @@ def _split_sequences(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> 
     initializers, so that split sizes and positions are known), then taken out again."""
     if not any(n.op_type == "SplitToSequence" for n in proto.graph.node):
         return proto
-    view = onnx.ModelProto()
-    view.CopyFrom(proto)
+    view = clone(proto)
     added = declare_as_inputs(view, weights)
     view.graph.initializer.extend(numpy_helper.from_array(weights[n], n) for n in added if weights[n].size <= 4096)
     result = SequencesToSplit()(view)

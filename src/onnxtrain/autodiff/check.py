@@ -18,7 +18,7 @@ from onnx import helper
 
 from onnxtrain.autodiff.engine import build_gradients
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import constant_values, default_opset, node_inputs, used_names
+from onnxtrain.ir.passes import clone, constant_values, default_opset, prune_nodes, used_names
 from onnxtrain.ir.types import infer_tensor_info
 
 __all__ = ["GradientReport", "check_gradients", "gradient_model", "run_model", "single_node_model"]
@@ -90,7 +90,7 @@ def gradient_model(model: onnx.ModelProto, wrt: Sequence[str], weights: Mapping[
     loss = terms[0] if len(terms) == 1 else b.op.Sum(*terms)
     loss_name = b.unique("loss")
     b.node("Identity", [loss], [loss_name])
-    nodes = [*map(_copy, graph.node), *b.nodes]
+    nodes = [*map(clone, graph.node), *b.nodes]
     full = helper.make_graph(nodes, "loss", list(graph.input), [], initializer=[*graph.initializer, *b.initializers],
                              value_info=list(graph.output))   # keeps the output types inference may not find
     full_model = helper.make_model(full, opset_imports=list(model.opset_import))
@@ -105,7 +105,7 @@ def gradient_model(model: onnx.ModelProto, wrt: Sequence[str], weights: Mapping[
         gb.node("Identity", [g], [d_name])
         outputs.append(helper.make_tensor_value_info(d_name, infos[name].elem_type, infos[name].shape))
     # Like the training graphs, keep only what the outputs need (rules may emit gradients nothing reads).
-    kept = _prune([*nodes, *gb.nodes], [o.name for o in outputs])
+    kept = prune_nodes([*nodes, *gb.nodes], [o.name for o in outputs])
     out_graph = helper.make_graph(kept, "gradients", list(graph.input), outputs,
                                   initializer=[*full.initializer, *gb.initializers])
     out = helper.make_model(out_graph, opset_imports=list(model.opset_import))
@@ -113,20 +113,6 @@ def gradient_model(model: onnx.ModelProto, wrt: Sequence[str], weights: Mapping[
     return out
 
 
-def _prune(nodes: Sequence[onnx.NodeProto], outputs: Sequence[str]) -> list[onnx.NodeProto]:
-    """The nodes ``outputs`` depend on, counting the values subgraphs (If branches) read."""
-    needed, kept = set(outputs), []
-    for node in reversed(nodes):
-        if any(o in needed for o in node.output if o):
-            kept.append(node)
-            needed.update(x for x in node_inputs(node) if x)
-    return kept[::-1]
-
-
-def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
-    n = onnx.NodeProto()
-    n.CopyFrom(node)
-    return n
 
 
 def run_model(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], backend: str = "reference") -> list[np.ndarray]:

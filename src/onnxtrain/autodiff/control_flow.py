@@ -13,9 +13,10 @@ from onnx import helper
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.engine import vjp
 from onnxtrain.autodiff.registry import register
-from onnxtrain.autodiff.subgraph import infer_infos, value_info
+from onnxtrain.autodiff.subgraph import infer_infos
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import constant_values, implicit_inputs
+from onnxtrain.ir.passes import clone, constant_values, implicit_inputs
+from onnxtrain.ir.types import value_info
 
 
 def _defined(graph: onnx.GraphProto) -> set[str]:
@@ -38,8 +39,7 @@ def renamed_graph(graph: onnx.GraphProto, prefix: str) -> tuple[list[onnx.NodePr
     count = iter(range(1 << 30))
 
     def fix(node: onnx.NodeProto) -> onnx.NodeProto:
-        out = onnx.NodeProto()
-        out.CopyFrom(node)
+        out = clone(node)
         del out.input[:], out.output[:]
         out.input.extend(rename.get(x, x) for x in node.input)
         out.output.extend(rename.get(y, y) for y in node.output)
@@ -55,8 +55,7 @@ def renamed_graph(graph: onnx.GraphProto, prefix: str) -> tuple[list[onnx.NodePr
 
     inits = []
     for init in graph.initializer:
-        t = onnx.TensorProto()
-        t.CopyFrom(init)
+        t = clone(init)
         t.name = rename[init.name]
         inits.append(t)
     return ([fix(n) for n in graph.node], [rename[v.name] for v in graph.input],

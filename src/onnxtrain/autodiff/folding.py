@@ -14,7 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.ir.passes import node_inputs
-from onnxtrain.ir.types import TensorInfo, infer_tensor_info
+from onnxtrain.ir.types import TensorInfo, infer_tensor_info, value_info
 
 __all__ = ["fold_constants", "free_values", "infer_infos", "value_info"]
 
@@ -29,11 +29,6 @@ def free_values(nodes: Sequence[onnx.NodeProto], defined: Iterable[str] = ()) ->
         produced.update(n.output)
     return free
 
-
-def value_info(name: str, info: TensorInfo | None) -> onnx.ValueInfoProto:
-    if info is None:
-        return helper.make_tensor_value_info(name, onnx.TensorProto.UNDEFINED, None)
-    return helper.make_tensor_value_info(name, info.elem_type, info.shape)
 
 
 # Ops cheap and deterministic enough to evaluate while building the graph (shape arithmetic).

@@ -18,6 +18,7 @@ from onnx import defs, helper
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.registry import Rule, register_fallback
 from onnxtrain.autodiff.subgraph import differentiate, inline_constant_ifs
+from onnxtrain.ir.passes import clone
 from onnxtrain.ir.types import TensorInfo
 
 __all__ = ["differentiate_function_body", "expand_function", "function_body_rule", "has_function_body"]
@@ -48,13 +49,11 @@ register_fallback(function_body_rule)
 
 
 def _with_defaults(node: onnx.NodeProto, schema: defs.OpSchema) -> onnx.NodeProto:
-    full = onnx.NodeProto()
-    full.CopyFrom(node)
+    full = clone(node)
     present = {a.name for a in node.attribute}
     for name, attr in schema.attributes.items():
         if name not in present and attr.default_value.type != onnx.AttributeProto.UNDEFINED:
-            default = onnx.AttributeProto()
-            default.CopyFrom(attr.default_value)
+            default = clone(attr.default_value)
             default.name = name
             full.attribute.append(default)
     return full
@@ -115,8 +114,7 @@ def expand_function(node: onnx.NodeProto, opset: int, infos: Mapping[str, Tensor
 
 
 def _renamed(node: onnx.NodeProto, rename, attrs: Mapping[str, onnx.AttributeProto]) -> onnx.NodeProto:
-    out = onnx.NodeProto()
-    out.CopyFrom(node)
+    out = clone(node)
     del out.input[:], out.output[:], out.attribute[:]
     out.input.extend(rename(x) for x in node.input)
     out.output.extend(rename(y) for y in node.output)
@@ -124,12 +122,10 @@ def _renamed(node: onnx.NodeProto, rename, attrs: Mapping[str, onnx.AttributePro
         if attr.ref_attr_name:
             if attr.ref_attr_name not in attrs:
                 continue                                        # an optional attribute the node leaves unset
-            new = onnx.AttributeProto()
-            new.CopyFrom(attrs[attr.ref_attr_name])
+            new = clone(attrs[attr.ref_attr_name])
             new.name = attr.name
         else:
-            new = onnx.AttributeProto()
-            new.CopyFrom(attr)
+            new = clone(attr)
             for g in [new.g] if new.type == onnx.AttributeProto.GRAPH else list(new.graphs):
                 for v in [*g.input, *g.output, *g.initializer]:
                     v.name = rename(v.name)

@@ -26,11 +26,11 @@ from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.control_flow import renamed_graph
 from onnxtrain.autodiff.engine import vjp
 from onnxtrain.autodiff.registry import register
-from onnxtrain.autodiff.subgraph import infer_infos, value_info
+from onnxtrain.autodiff.subgraph import infer_infos
 from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import constant_values, implicit_inputs
-from onnxtrain.ir.types import TensorInfo
+from onnxtrain.ir.passes import clone, constant_values, implicit_inputs
+from onnxtrain.ir.types import TensorInfo, value_info
 
 __all__ = ["scan", "loop"]
 
@@ -65,12 +65,6 @@ class Step:
 def _body(node: onnx.NodeProto) -> onnx.GraphProto:
     return next(a.g for a in node.attribute if a.name == "body")
 
-
-def _body_copy(node: onnx.NodeProto) -> onnx.GraphProto:
-    """The loop body as it is before :func:`_save_inputs` adds outputs to it."""
-    copy = onnx.GraphProto()
-    copy.CopyFrom(_body(node))
-    return copy
 
 
 def _save_inputs(ctx: GradContext, body_inputs: Sequence[int], infos: Sequence[TensorInfo | None]) -> list[str]:
@@ -221,7 +215,7 @@ def scan(ctx: GradContext):
     """Scan (opset 9+): N states and M scanned inputs per step; the backward is a reverse Scan of the step's
     vector-Jacobian product over the saved states (see the module docstring)."""
     _check_opset(ctx)
-    body = _body_copy(ctx.node)
+    body = clone(_body(ctx.node))  # as it is before _save_inputs adds outputs
     m = ctx.attr("num_scan_inputs")
     n = len(ctx.x) - m
     k = len(body.output) - n
@@ -257,7 +251,7 @@ def loop(ctx: GradContext):
     at run time. The forward also stacks each iteration's number, condition and carried values; the backward
     is a reverse Scan over those stacks (see the module docstring)."""
     _check_opset(ctx)
-    body = _body_copy(ctx.node)
+    body = clone(_body(ctx.node))  # as it is before _save_inputs adds outputs
     n = len(ctx.x) - 2
     k = len(body.output) - 1 - n
     carried = ctx.x[2:]

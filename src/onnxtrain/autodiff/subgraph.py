@@ -19,11 +19,11 @@ from onnx import helper, numpy_helper
 
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.engine import vjp
-from onnxtrain.autodiff.folding import fold_constants, free_values, infer_infos, value_info
+from onnxtrain.autodiff.folding import fold_constants, free_values, infer_infos
 from onnxtrain.ir.passes import constant_values
 from onnxtrain.ir.types import TensorInfo
 
-__all__ = ["differentiate", "fold_constants", "free_values", "infer_infos", "inline_constant_ifs", "value_info"]
+__all__ = ["differentiate", "fold_constants", "free_values", "infer_infos", "inline_constant_ifs"]
 
 
 def inline_constant_ifs(nodes: Sequence[onnx.NodeProto], known: Mapping[str, TensorInfo], opset: int,

@@ -1,7 +1,7 @@
 """Building blocks: losses, optimizers and composable ops, in the spirit of onnxblock. Optimizers are chains of
 the transforms in ``onnxtrain.blocks.transforms`` (as optax's)."""
 
-from onnxtrain.blocks.base import Block, BuildContext, building, current
+from onnxtrain.blocks.base import Block, BuildContext, Value, context_of
 from onnxtrain.blocks.losses import BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss
 from onnxtrain.blocks.ops import (
     Abs,
@@ -26,7 +26,7 @@ from onnxtrain.blocks.ops import (
 from onnxtrain.blocks.optim import SGD, Adam, AdamW, Optimizer, OptimizerInputs
 
 __all__ = [
-    "Block", "BuildContext", "building", "current",
+    "Block", "BuildContext", "Value", "context_of",
     "MSELoss", "L1Loss", "HuberLoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "NLLLoss",
     "Abs", "Add", "Clip", "Constant", "Div", "Exp", "Log", "Mul", "Neg", "Pow", "ReduceMean", "ReduceSum", "Relu",
     "Sigmoid", "Sqrt", "Sub", "Identity", "reduce",

@@ -11,23 +11,21 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-from onnxtrain.blocks.base import Block, current
+from onnxtrain.blocks.base import Block, BuildContext
 from onnxtrain.blocks.ops import reduce
 from onnxtrain.ir.types import np_dtype
 
 __all__ = ["MSELoss", "L1Loss", "HuberLoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "NLLLoss"]
 
 
-def _target_like(output: str, target: str) -> str:
+def _target_like(ctx: BuildContext, output: str, target: str) -> str:
     """Declare ``target`` as an input with the type and shape of ``output``."""
-    ctx = current()
     info = ctx.info(output)
     return ctx.require_input(target, info.elem_type, info.shape)
 
 
-def _class_labels(output: str, labels: str) -> str:
+def _class_labels(ctx: BuildContext, output: str, labels: str) -> str:
     """Declare ``labels``: int64 class indices shaped like ``output`` without its class axis (axis 1)."""
-    ctx = current()
     shape = ctx.info(output).shape
     label_shape = None if shape is None else [shape[0], *shape[2:]]
     return ctx.require_input(labels, onnx.TensorProto.INT64, label_shape)
@@ -46,7 +44,7 @@ class MSELoss(_Loss):
     """(output - target)^2."""
 
     def build(self, output: str, target: str = "target") -> str:
-        diff = self.op.Sub(output, _target_like(output, target))
+        diff = self.op.Sub(output, _target_like(self.context, output, target))
         return reduce(self.op.Mul(diff, diff), self.reduction)
 
 
@@ -54,7 +52,7 @@ class L1Loss(_Loss):
     """|output - target|."""
 
     def build(self, output: str, target: str = "target") -> str:
-        return reduce(self.op.Abs(self.op.Sub(output, _target_like(output, target))), self.reduction)
+        return reduce(self.op.Abs(self.op.Sub(output, _target_like(self.context, output, target))), self.reduction)
 
 
 class HuberLoss(_Loss):
@@ -66,8 +64,8 @@ class HuberLoss(_Loss):
 
     def build(self, output: str, target: str = "target") -> str:
         op, b = self.op, self.builder
-        dtype = np_dtype(current().info(output).elem_type)
-        d = op.Abs(op.Sub(output, _target_like(output, target)))
+        dtype = np_dtype(self.context.info(output).elem_type)
+        d = op.Abs(op.Sub(output, _target_like(self.context, output, target)))
         small = op.Mul(b.const(np.asarray(0.5, dtype)), op.Mul(d, d))
         large = op.Mul(b.const(np.asarray(self.delta, dtype)), op.Sub(d, b.const(np.asarray(0.5 * self.delta, dtype))))
         return reduce(op.Where(op.Less(d, b.const(np.asarray(self.delta, dtype))), small, large), self.reduction)
@@ -84,8 +82,8 @@ class BCEWithLogitsLoss(_Loss):
 
     def build(self, output: str, target: str = "target") -> str:
         op, b = self.op, self.builder
-        dtype = np_dtype(current().info(output).elem_type)
-        t = _target_like(output, target)
+        dtype = np_dtype(self.context.info(output).elem_type)
+        t = _target_like(self.context, output, target)
         one = b.const(np.asarray(1.0, dtype))
         # softplus(-x) = max(-x, 0) + log(1 + exp(-|x|)), exact and without overflow.
         softplus_neg = op.Add(op.Relu(op.Neg(output)), op.Log(op.Add(one, op.Exp(op.Neg(op.Abs(output))))))
@@ -110,9 +108,9 @@ class _ClassIndexLoss(_Loss):
         self.ignore_index = ignore_index
 
     def build(self, scores: str, labels: str = "labels") -> str:
-        dtype = np_dtype(current().info(scores).elem_type)
+        dtype = np_dtype(self.context.info(scores).elem_type)
         weight = None if self.weight is None else self.builder.const(self.weight.astype(dtype), name="class_weights")
-        return getattr(self.op, self.op_type)(scores, _class_labels(scores, labels), weight,
+        return getattr(self.op, self.op_type)(scores, _class_labels(self.context, scores, labels), weight,
                                               reduction=self.reduction, ignore_index=self.ignore_index)
 
 

@@ -6,18 +6,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from onnxtrain.blocks.base import Block, current
+from onnxtrain.blocks.base import Block, BuildContext, Value
 from onnxtrain.ir.types import np_dtype
 
 __all__ = ["Identity", "Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Exp", "Log", "Sqrt", "Sigmoid", "Relu",
            "Constant", "ReduceMean", "ReduceSum", "Clip", "reduce"]
 
 
-def _operand(value, like: str) -> str:
+def _operand(ctx: BuildContext, value, like: str) -> str:
     """A value name, or a Python number turned into a scalar constant of ``like``'s element type."""
     if isinstance(value, str):
         return value
-    ctx = current()
     return ctx.builder.const(np.asarray(value, dtype=np_dtype(ctx.info(like).elem_type)))
 
 
@@ -40,7 +39,7 @@ class _Binary(Block):
         b = self.constant if b is None else b
         if b is None:
             raise TypeError(f"{type(self).__name__} needs two inputs or a constant")
-        return getattr(self.op, self.op_type)(a, _operand(b, a))
+        return getattr(self.op, self.op_type)(a, _operand(self.context, b, a))
 
 
 class Add(_Binary):
@@ -104,8 +103,8 @@ class Clip(Block):
         self.low, self.high = low, high
 
     def build(self, x: str) -> str:
-        lo = None if self.low is None else _operand(self.low, x)
-        hi = None if self.high is None else _operand(self.high, x)
+        lo = None if self.low is None else _operand(self.context, self.low, x)
+        hi = None if self.high is None else _operand(self.context, self.high, x)
         return self.op.Clip(x, lo, hi)
 
 
@@ -119,17 +118,21 @@ class Constant(Block):
     def build(self, like: str | None = None) -> str:
         dtype = self.dtype
         if dtype is None and like is not None:
-            dtype = np_dtype(current().info(like).elem_type)
+            dtype = np_dtype(self.context.info(like).elem_type)
         return self.builder.const(np.asarray(self.value, dtype=dtype))
 
 
-def reduce(x: str, reduction: str) -> str:
+def reduce(x: Value, reduction: str) -> Value:
     """Apply a loss reduction: "mean", "sum" or "none"."""
     if reduction == "none":
         return x
     if reduction not in ("mean", "sum"):
         raise ValueError(f"unknown reduction {reduction!r}: expected 'mean', 'sum' or 'none'")
-    return current().builder.reduce("ReduceMean" if reduction == "mean" else "ReduceSum", x, None, keepdims=False)
+    if not isinstance(x, Value):
+        raise TypeError(f"reduce: {x!r} is not a value of a graph being built (a block's input or output)")
+    ctx = x.context
+    return ctx.value(ctx.builder.reduce("ReduceMean" if reduction == "mean" else "ReduceSum", x, None,
+                                        keepdims=False))
 
 
 class _Reduce(Block):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnxtrain.blocks.base import Block
+from onnxtrain.blocks.base import Block, BuildContext
 from onnxtrain.blocks.transforms import (
     AddL2,
     Chain,
@@ -34,8 +34,9 @@ __all__ = ["Optimizer", "AdamW", "Adam", "SGD", "OptimizerInputs"]
 
 @dataclass
 class OptimizerInputs:
-    """Names of the scalar and flat-vector values an update rule reads."""
+    """Names of the scalar and flat-vector values an update rule reads, and the graph they are in."""
 
+    context: BuildContext
     learning_rate: str
     step: str           # float copy of the int64 step count
     params: str
@@ -77,9 +78,10 @@ class Optimizer(Block):
 
     def build(self, inputs: OptimizerInputs) -> tuple[str, dict[str, str]]:
         """Emit the update into the graph being built; returns (new parameters, new states by name)."""
-        state = UpdateState(self.builder, inputs.learning_rate, inputs.step, inputs.params, inputs.gradients,
+        state = UpdateState(inputs.context.builder, inputs.learning_rate, inputs.step, inputs.params, inputs.gradients,
                             dict(inputs.states))
-        return Chain(self.transforms()).build(state)
+        with self._building_into(inputs.context):  # an update() written by hand emits through self.op
+            return Chain(self.transforms()).build(state)
 
     def update(self, p: str, g: str, states: dict[str, str], lr: str, step: str) -> tuple[str, dict[str, str]]:
         raise NotImplementedError(f"{type(self).__name__} must implement transforms() or update()")

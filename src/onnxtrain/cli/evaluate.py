@@ -7,7 +7,7 @@ import json
 
 from onnxtrain.cli.common import Artifacts, quiet_onnxruntime, read_model
 from onnxtrain.cli.progress import PROGRESS_MODES, Progress
-from onnxtrain.cli.train import _metrics_list, default_metrics, format_metrics
+from onnxtrain.cli.train import _metrics_list, default_metrics
 
 __all__ = ["add_parser", "run"]
 
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from onnxtrain.api import CheckpointState, Module
     from onnxtrain.cli.common import CliError
     from onnxtrain.data import data_spec, fit_dataset, load_dataset
-    from onnxtrain.runtime.loop import batches, check_metrics, evaluate, num_batches
+    from onnxtrain.runtime.loop import batches, check_metrics, evaluate, format_metrics, num_batches
 
     if args.batch_size < 1:
         raise CliError(f"--batch-size must be a positive integer, got {args.batch_size}")

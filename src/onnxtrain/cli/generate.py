@@ -11,16 +11,16 @@ import argparse
 import json
 import os
 
+from onnxtrain.builtins import LossType, OptimType
 from onnxtrain.cli.common import TRAIN_CONFIG_KEY, CliError, read_model
 from onnxtrain.cli.lora import add_lora_options, lora_config
 from onnxtrain.cli.train import add_train_options, given_options, resolve_options
 
 __all__ = ["add_parser", "run", "LOSSES", "OPTIMIZERS", "loss_block", "optimizer_block"]
 
-# command-line name -> class name in onnxtrain.blocks
-LOSSES = {"cross-entropy": "CrossEntropyLoss", "mse": "MSELoss", "l1": "L1Loss", "huber": "HuberLoss",
-          "bce-with-logits": "BCEWithLogitsLoss", "nll": "NLLLoss"}
-OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam", "sgd": "SGD", "none": None}
+# command-line name -> built-in, from the artifacts' one table of them
+LOSSES = {t.cli_name: t for t in LossType}
+OPTIMIZERS = {**{t.cli_name: t for t in OptimType}, "none": None}
 _LOSS_ALIASES = {"ce": "cross-entropy", "bce": "bce-with-logits"}
 
 
@@ -31,8 +31,8 @@ def _key(text: str) -> str:
 def _loss_name(text: str) -> str:
     """Accept `cross-entropy`, `CrossEntropyLoss`, `crossentropy`, `ce` ... (LossType names too)."""
     text = _LOSS_ALIASES.get(text.lower(), text)
-    for name, cls in LOSSES.items():
-        if _key(text) in (_key(name), _key(cls)):
+    for name, loss in LOSSES.items():
+        if _key(text) in (_key(name), _key(loss.name)):
             return name
     raise argparse.ArgumentTypeError(f"unknown loss {text!r} (choose from {', '.join(LOSSES)})")
 
@@ -88,8 +88,6 @@ def add_parser(sub) -> None:
 
 
 def loss_block(args: argparse.Namespace):
-    from onnxtrain import blocks
-
     name = args.loss
     kwargs: dict = {"reduction": args.reduction}
     if args.ignore_index is not None:
@@ -100,12 +98,10 @@ def loss_block(args: argparse.Namespace):
         if name != "huber":
             raise CliError(f"--huber-delta applies to the huber loss, not {name}")
         kwargs["delta"] = args.huber_delta
-    return getattr(blocks, LOSSES[name])(**kwargs)
+    return LOSSES[name].block_class(**kwargs)
 
 
 def optimizer_block(args: argparse.Namespace):
-    from onnxtrain import blocks
-
     name = args.optimizer
     only = {"betas": ("adam", "adamw"), "eps": ("adam", "adamw"), "adamw_mode": ("adamw",),
             "momentum": ("sgd",), "dampening": ("sgd",), "nesterov": ("sgd",)}
@@ -124,7 +120,7 @@ def optimizer_block(args: argparse.Namespace):
         kwargs["nesterov"] = True
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
-    return getattr(blocks, OPTIMIZERS[name])(**kwargs)
+    return OPTIMIZERS[name].block_class(**kwargs)
 
 
 def run(args: argparse.Namespace) -> int:

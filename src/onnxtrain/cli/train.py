@@ -29,7 +29,7 @@ from onnxtrain.cli.progress import PROGRESS_MODES, Progress
 from onnxtrain.errors import NonFiniteError
 
 __all__ = ["TrainOptions", "FitResult", "add_train_options", "resolve_options", "given_options", "fit",
-           "format_metrics", "add_parser"]
+           "add_parser"]
 
 PROGRESS_KEY = "onnxtrain.progress"
 SCHEDULERS = ("none", "linear", "cosine", "step")
@@ -156,13 +156,6 @@ class _StopOnSigint:
             signal.signal(signal.SIGINT, self.previous)
 
 
-def format_metrics(loss: float, metrics: dict[str, float]) -> str:
-    parts = [f"loss {loss:.4f}"]
-    for name, value in metrics.items():
-        parts.append(f"{name} {100 * value:.1f}%" if name.endswith("accuracy") else f"{name} {value:.4g}")
-    return " ".join(parts)
-
-
 def _make_scheduler(optimizer, opts: TrainOptions, steps_per_epoch: int):
     from onnxtrain.api import CosineLRScheduler, LinearLRScheduler, StepLRScheduler
 
@@ -211,7 +204,7 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
             (default DIR/run/metrics.jsonl); header: logged once the checkpoint and models are loaded.
     """
     from onnxtrain.api import CheckpointState, Module, Optimizer
-    from onnxtrain.runtime.loop import Totals, batches, evaluate, num_batches, train_epoch
+    from onnxtrain.runtime.loop import Totals, batches, evaluate, format_metrics, num_batches, train_epoch
 
     quiet_onnxruntime()
     progress = progress or Progress("auto")

@@ -7,8 +7,10 @@
 5. export   the personalized inference model, run with a plain onnxruntime.InferenceSession
 6. files    where the artifacts, checkpoints, logs and plots went
 
-Everything runs through the same code as ``onnxtrain generate`` / ``train`` / ``eval`` / ``export``; torch is
-not used. ``--quick`` trains fewer epochs (for tests).
+Training is written with the runtime's API as an app on the device would write it (``_train``: CheckpointState,
+Module, Optimizer, a scheduler and ``onnxtrain.runtime.loop``), and the artifacts are those ``onnxtrain generate``
+writes, so the printed ``onnxtrain train`` / ``eval`` commands repeat any step by hand; torch is not used.
+``--quick`` trains fewer epochs (for tests).
 """
 
 from __future__ import annotations
@@ -58,6 +60,55 @@ def _accuracy(module, dataset, fitted) -> float:
     return evaluate(module, batches(x, y, 256), metrics=["accuracy"]).metrics["accuracy"]
 
 
+@dataclass
+class TrainRun:
+    """What :func:`_train` leaves: the trained module and state, and the files of DIR/run/."""
+
+    module: object
+    state: object
+    last_checkpoint: str
+    best_checkpoint: str
+    log: str
+
+
+def _train(directory: str, train, val, *, epochs: int, batch_size: int, lr: float, seed: int, progress,
+           log) -> TrainRun:
+    """The on-device training loop, with the runtime's API: an epoch of optimizer steps under a cosine schedule,
+    a validation pass, and DIR/run/last.ckpt, best.ckpt (lowest validation loss) and metrics.jsonl."""
+    import json
+
+    from onnxtrain.api import CheckpointState, CosineLRScheduler, Module, Optimizer
+    from onnxtrain.conventions import artifact_file
+    from onnxtrain.runtime.loop import batches, evaluate, format_metrics, num_batches, train_epoch
+
+    state = CheckpointState.load_checkpoint(os.path.join(directory, artifact_file("checkpoint")))
+    module = Module(os.path.join(directory, artifact_file("training")), state,
+                    os.path.join(directory, artifact_file("eval")))
+    optimizer = Optimizer(os.path.join(directory, artifact_file("optimizer")), module)
+    (x, y), (x_val, y_val) = train, val
+    steps = num_batches(len(x), batch_size)
+    scheduler = CosineLRScheduler(optimizer, epochs * steps, lr)
+    run_dir = os.path.join(directory, "run")
+    os.makedirs(run_dir, exist_ok=True)
+    run = TrainRun(module, state, *(os.path.join(run_dir, f) for f in ("last.ckpt", "best.ckpt", "metrics.jsonl")))
+    best = float("inf")
+    with open(run.log, "w") as records:
+        for epoch in range(epochs):
+            desc = f"epoch {epoch + 1}/{epochs}"
+            with progress.epoch(desc, steps, len(x)) as update:
+                res = train_epoch(module, optimizer, batches(x, y, batch_size, shuffle=True, seed=seed, epoch=epoch),
+                                  scheduler=scheduler, metrics=["accuracy"], on_step=update)
+            v = evaluate(module, batches(x_val, y_val, 256), metrics=["accuracy"])
+            log(f"{desc}  train {format_metrics(res.loss, res.metrics)} | val {format_metrics(v.loss, v.metrics)}")
+            records.write(json.dumps({"epoch": epoch + 1, "train_loss": res.loss, "val_loss": v.loss,
+                                      **{f"val_{k}": m for k, m in v.metrics.items()}}) + "\n")
+            CheckpointState.save_checkpoint(state, run.last_checkpoint)
+            if v.loss < best:
+                best = v.loss
+                CheckpointState.save_checkpoint(state, run.best_checkpoint)
+    return run
+
+
 MARKER = ".onnxtrain-demo"  # marks a folder the demo made, so that a rerun may replace it
 
 
@@ -85,7 +136,6 @@ def run_demo(out: str = "onnxtrain-demo", quick: bool = False, seed: int = 0, pr
     from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
     from onnxtrain.cli.common import Artifacts, human_count, quiet_onnxruntime
     from onnxtrain.cli.progress import Progress
-    from onnxtrain.cli.train import TrainOptions, describe_files, fit
     from onnxtrain.data import data_spec, fit_dataset, save_dataset
     from onnxtrain.demo.digits import load_demo_data
     from onnxtrain.demo.figure import write_predictions_figure
@@ -126,9 +176,8 @@ def run_demo(out: str = "onnxtrain-demo", quick: bool = False, seed: int = 0, pr
     server = Artifacts.locate(server_dir)
     spec = data_spec(onnx.load(server.eval))
     fitted = lambda ds: fit_dataset(ds, spec, "demo data")  # noqa: E731
-    pre = fit(server, fitted(data.global_train), fitted(data.global_val),
-              TrainOptions(epochs=pre_epochs, batch_size=32, lr=3e-3, scheduler="cosine", seed=seed),
-              metrics=["accuracy"], restart=True, progress=bar, log=indent, title="pre-training (server)")
+    pre = _train(server_dir, fitted(data.global_train), fitted(data.global_val), epochs=pre_epochs, batch_size=32,
+                 lr=3e-3, seed=seed, progress=bar, log=indent)
     global_accuracy = _accuracy(pre.module, data.global_val, fitted)
     paths["pretrained"] = os.path.join(out, "pretrained.onnx")
     pre.module.export_model_for_inferencing(paths["pretrained"], [OUTPUT])
@@ -151,9 +200,8 @@ def run_demo(out: str = "onnxtrain-demo", quick: bool = False, seed: int = 0, pr
     clean_before = _accuracy(initial, data.user_clean, fitted)
     indent(f"user's accuracy BEFORE personalization: {100 * before:.1f}%  (their digits without the style: "
            f"{100 * clean_before:.1f}%)")
-    personal = fit(device, fitted(data.user_train), fitted(data.user_val),
-                   TrainOptions(epochs=ft_epochs, batch_size=16, lr=3e-3, scheduler="cosine", seed=seed),
-                   metrics=["accuracy"], restart=True, progress=bar, log=indent, title="personalization (device)")
+    personal = _train(device_dir, fitted(data.user_train), fitted(data.user_val), epochs=ft_epochs, batch_size=16,
+                      lr=3e-3, seed=seed, progress=bar, log=indent)
     after = _accuracy(personal.module, data.user_test, fitted)
     predictions_after = predict(personal.module, *fitted(data.user_test)).argmax(axis=1)
     clean_after = _accuracy(personal.module, data.user_clean, fitted)
@@ -181,10 +229,8 @@ def run_demo(out: str = "onnxtrain-demo", quick: bool = False, seed: int = 0, pr
     indent(f"artifacts:   {server_dir}/ (pre-training), {device_dir}/ (personalization)")
     if "figure" in paths:
         indent(f"figure:      {figure} (user's digits it fixed, predicted before -> after)")
-    for line in describe_files(pre):
-        indent("server " + line)
-    for line in describe_files(personal):
-        indent("device " + line)
+    for where, run in (("server", pre), ("device", personal)):
+        indent(f"{where} checkpoints: {run.last_checkpoint} (last), {run.best_checkpoint} (best); log: {run.log}")
     say("try it by hand:")
     indent(f"onnxtrain info {device_dir}")
     indent(f"onnxtrain eval {device_dir} --data {paths['user_test']} --checkpoint initial")
@@ -193,10 +239,6 @@ def run_demo(out: str = "onnxtrain-demo", quick: bool = False, seed: int = 0, pr
     say(f"done in {seconds:.1f} s: the user's accuracy went from {100 * before:.1f}% to {100 * after:.1f}%")
     paths.update(server=server_dir, device=device_dir, server_log=pre.log, device_log=personal.log,
                  device_last=personal.last_checkpoint)
-    if pre.plot:
-        paths["server_plot"] = pre.plot
-    if personal.plot:
-        paths["device_plot"] = personal.plot
     return DemoResult(global_accuracy, before, after, clean_before, clean_after, ort_accuracy, seconds, paths)
 
 

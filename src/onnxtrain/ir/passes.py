@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 import onnx
+from google.protobuf.message import Message
 from onnx import numpy_helper
 
 __all__ = ["declare_as_inputs", "prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs",
-           "has_subgraphs", "rename_values", "default_opset"]
+           "has_subgraphs", "rename_values", "default_opset", "clone"]
+
+M = TypeVar("M", bound=Message)
 
 
 # The standard ops with graph attributes; nodes of other domains are inspected attribute by attribute.
@@ -107,3 +111,10 @@ def declare_as_inputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) 
 def default_opset(model: onnx.ModelProto) -> int | None:
     """The version of the default (ai.onnx) opset the model imports, or None."""
     return next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), None)
+
+
+def clone(message: M) -> M:
+    """A deep copy of a protobuf message (model, graph, node, tensor...)."""
+    out = type(message)()
+    out.CopyFrom(message)
+    return out

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-__all__ = ["TensorInfo", "infer_tensor_info", "np_dtype", "onnx_dtype", "FLOAT_TYPES"]
+__all__ = ["TensorInfo", "value_info", "infer_tensor_info", "np_dtype", "onnx_dtype", "FLOAT_TYPES"]
 
 FLOAT_TYPES = frozenset(
     {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
@@ -58,6 +58,13 @@ def _info_from_type(tp: onnx.TypeProto) -> TensorInfo | None:
             d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
         )
     return TensorInfo(tt.elem_type, shape)
+
+
+def value_info(name: str, info: TensorInfo | None) -> onnx.ValueInfoProto:
+    """A graph input/output declaration for ``name``; type and shape left open when ``info`` is None."""
+    if info is None:
+        return helper.make_tensor_value_info(name, onnx.TensorProto.UNDEFINED, None)
+    return helper.make_tensor_value_info(name, info.elem_type, info.shape)
 
 
 def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:

@@ -13,24 +13,22 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxtrain.blocks.base import current
+from onnxtrain.blocks.base import BuildContext
 from onnxtrain.ir.builder import GraphBuilder
 
 __all__ = ["flatten", "unflatten", "sequence_input", "constant_true"]
 
 
-def sequence_input(name: str, elem_type: int) -> str:
+def sequence_input(ctx: BuildContext, name: str, elem_type: int) -> str:
     """Declare ``name`` as a graph input holding a sequence of ``elem_type`` tensors."""
-    ctx = current()
     ctx.builder.reserve(name)
     ctx.new_inputs.append(helper.make_tensor_sequence_value_info(name, elem_type, None))
     return name
 
 
-def _map(inputs: list[str], in_types: list[int], out_type: int, body: Callable[..., str],
+def _map(outer: GraphBuilder, inputs: list[str], in_types: list[int], out_type: int, body: Callable[..., str],
          output: str | None = None) -> str:
     """SequenceMap of ``body(builder, *element_names) -> name`` over the sequences ``inputs``."""
-    outer = current().builder
     sub = GraphBuilder(outer.opset, prefix="map/")
     args = [sub.unique(f"x{i}") for i in range(len(inputs))]
     result = body(sub, *args)
@@ -45,25 +43,26 @@ def _map(inputs: list[str], in_types: list[int], out_type: int, body: Callable[.
     return output
 
 
-def flatten(seq: str, elem_type: int) -> str:
+def flatten(builder: GraphBuilder, seq: str, elem_type: int) -> str:
     """One 1-D tensor: the raveled tensors of ``seq``, one after the other."""
-    raveled = _map([seq], [elem_type], elem_type, lambda b, x: b.op.Reshape(x, b.ints([-1])))
-    return current().builder.op.ConcatFromSequence(raveled, axis=0)
+    raveled = _map(builder, [seq], [elem_type], elem_type, lambda b, x: b.op.Reshape(x, b.ints([-1])))
+    return builder.op.ConcatFromSequence(raveled, axis=0)
 
 
-def unflatten(flat: str, like: str, elem_type: int, output: str | None = None) -> str:
+def unflatten(builder: GraphBuilder, flat: str, like: str, elem_type: int, output: str | None = None) -> str:
     """Split the 1-D ``flat`` into a sequence of tensors shaped as those of the sequence ``like``."""
-    op = current().builder.op
+    op = builder.op
     sizes = op.ConcatFromSequence(
-        _map([like], [elem_type], onnx.TensorProto.INT64, lambda b, x: b.op.Reshape(b.op.Size(x), b.ints([1]))),
+        _map(builder, [like], [elem_type], onnx.TensorProto.INT64,
+             lambda b, x: b.op.Reshape(b.op.Size(x), b.ints([1]))),
         axis=0)
     pieces = op.SplitToSequence(flat, sizes, axis=0)
-    return _map([pieces, like], [elem_type, elem_type], elem_type,
+    return _map(builder, [pieces, like], [elem_type, elem_type], elem_type,
                 lambda b, piece, x: b.op.Reshape(piece, b.op.Shape(x)), output=output)
 
 
-def constant_true(name: str) -> str:
+def constant_true(builder: GraphBuilder, name: str) -> str:
     """A bool [1] tensor holding True, named ``name``."""
     value = numpy_helper.from_array(np.ones(1, dtype=bool))
-    current().builder.node("Constant", [], [name], value=value)
+    builder.node("Constant", [], [name], value=value)
     return name

@@ -27,6 +27,10 @@ class Block(_base.Block):
     def base(self) -> onnx.ModelProto:
         return current_accessor().model
 
+    def _enclosing_context(self) -> _base.BuildContext:
+        # The peer's blocks take plain names and build into the enclosing `with onnxblock.base(model):`.
+        return current_accessor().context
+
 
 class Add(Block, _ops.Add):
     """``a + b``."""
@@ -126,7 +130,7 @@ class Linear(Block):
         self.alpha, self.beta, self.seed = alpha, beta, seed
 
     def build(self, x: str) -> str:
-        dtype = np_dtype(_base.current().info(x).elem_type)
+        dtype = np_dtype(self.context.info(x).elem_type)
         rng = np.random.default_rng(self.seed)
         bound = 1.0 / np.sqrt(self.in_features)
         weight = rng.uniform(-bound, bound, (self.out_features, self.in_features)).astype(dtype)

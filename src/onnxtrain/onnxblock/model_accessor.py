@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import onnx
 from onnx import helper
 
-from onnxtrain.blocks.base import BuildContext, building
+from onnxtrain.blocks.base import BuildContext
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.passes import default_opset, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
@@ -94,8 +94,7 @@ def base(model: onnx.ModelProto) -> Iterator[ModelAccessor]:
     accessor = ModelAccessor(copy.deepcopy(model))
     _ACCESSORS.append(accessor)
     try:
-        with building(accessor.context):
-            yield accessor
+        yield accessor
     finally:
         _ACCESSORS.pop()
 

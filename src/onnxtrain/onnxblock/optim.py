@@ -16,7 +16,6 @@ from onnx import helper
 
 from onnxtrain import conventions as names
 from onnxtrain.blocks import optim as _optim
-from onnxtrain.blocks.base import current
 from onnxtrain.blocks.transforms import ClipByGlobalNorm, UpdateState
 from onnxtrain.onnxblock._sequences import constant_true, flatten, sequence_input, unflatten
 from onnxtrain.onnxblock.blocks import Block
@@ -35,9 +34,9 @@ class ClipGradNorm(Block):
         self.max_norm = max_norm
 
     def build(self, gradients_name: str, elem_type: int = onnx.TensorProto.FLOAT) -> str:
-        update = UpdateState(self.builder, "", "", "", flatten(gradients_name, elem_type), {})
+        update = UpdateState(self.builder, "", "", "", flatten(self.builder, gradients_name, elem_type), {})
         ClipByGlobalNorm(self.max_norm).apply(update)
-        return unflatten(update.direction, gradients_name, elem_type)
+        return unflatten(self.builder, update.direction, gradients_name, elem_type)
 
 
 class _SequenceOptimizer(Block):
@@ -54,24 +53,24 @@ class _SequenceOptimizer(Block):
         trainable, _ = parameters
         if not trainable:
             raise ValueError(f"{type(self).__name__}: there are no trainable parameters to optimize")
-        ctx = current()
+        ctx, b = self.context, self.builder
         elem = trainable[0].data_type
         lr = ctx.require_input(names.LEARNING_RATE, onnx.TensorProto.FLOAT, [1])
         step = ctx.require_input(names.STEP, onnx.TensorProto.INT64, [1]) if self.uses_step else None
-        seqs = {n: sequence_input(n, elem) for n in (names.PARAMS, names.GRADIENTS, *self.states)}
+        seqs = {n: sequence_input(ctx, n, elem) for n in (names.PARAMS, names.GRADIENTS, *self.states)}
         gradients = seqs[names.GRADIENTS]
         if self._clip_grad is not None:
             gradients = self._clip_grad(gradients, elem)
         op = self.op
         flat_step = op.Cast(step, to=onnx.TensorProto.FLOAT) if step else None
-        rule_states = dict(zip(self._rule.state_names, (flatten(seqs[s], elem) for s in self.states)))
+        rule_states = dict(zip(self._rule.state_names, (flatten(b, seqs[s], elem) for s in self.states)))
         new_params, new_states = self._rule.build(_optim.OptimizerInputs(
-            lr, flat_step, flatten(seqs[names.PARAMS], elem), flatten(gradients, elem), rule_states))
+            ctx, lr, flat_step, flatten(b, seqs[names.PARAMS], elem), flatten(b, gradients, elem), rule_states))
         outputs = {names.PARAMS: new_params,
                    **{s: new_states[r] for s, r in zip(self.states, self._rule.state_names)}}
-        model_outputs = [helper.make_tensor_value_info(constant_true(UPDATED_FLAG), onnx.TensorProto.BOOL, [1])]
+        model_outputs = [helper.make_tensor_value_info(constant_true(b, UPDATED_FLAG), onnx.TensorProto.BOOL, [1])]
         for seq, flat in outputs.items():
-            out = unflatten(flat, seqs[names.PARAMS], elem, output=names.output_name(seq))
+            out = unflatten(b, flat, seqs[names.PARAMS], elem, output=names.output_name(seq))
             model_outputs.append(helper.make_tensor_sequence_value_info(out, elem, None))
         self.base.graph.output.extend(model_outputs)
         return UPDATED_FLAG

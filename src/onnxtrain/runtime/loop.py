@@ -26,7 +26,7 @@ from onnxtrain.runtime.optimizer import Optimizer
 from onnxtrain.runtime.schedulers import LRScheduler
 
 __all__ = ["METRICS", "Totals", "EpochResult", "batches", "num_batches", "train_epoch", "evaluate", "predict",
-           "check_metrics"]
+           "check_metrics", "format_metrics"]
 
 Batch = tuple[np.ndarray, np.ndarray]
 
@@ -209,3 +209,11 @@ def predict(module: Module, x: np.ndarray, y: np.ndarray, batch_size: int = 256)
             raise ValueError("predict() needs artifacts generated with additional_output_names=[<model output>]")
         outs.append(pred)
     return np.concatenate(outs)
+
+
+def format_metrics(loss: float, metrics: dict[str, float]) -> str:
+    """``loss 0.1234 accuracy 97.5%``: one epoch's figures for a log line."""
+    parts = [f"loss {loss:.4f}"]
+    for name, value in metrics.items():
+        parts.append(f"{name} {100 * value:.1f}%" if name.endswith("accuracy") else f"{name} {value:.4g}")
+    return " ".join(parts)

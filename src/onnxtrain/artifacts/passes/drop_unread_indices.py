@@ -12,7 +12,7 @@ from __future__ import annotations
 import onnx
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import node_inputs
+from onnxtrain.ir.passes import clone, node_inputs
 
 __all__ = ["DropUnreadIndices"]
 
@@ -27,8 +27,7 @@ class DropUnreadIndices(Pass):
                   if n.op_type == "MaxPool" and len(n.output) > 1 and n.output[1] not in read]
         if not unread:
             return PassResult(model, False)
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
+        out = clone(model)
         for i in unread:
             del out.graph.node[i].output[1:]
         return PassResult(out, True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import onnx
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import node_inputs, prune_nodes
+from onnxtrain.ir.passes import clone, node_inputs, prune_nodes
 
 __all__ = ["EvalMode"]
 
@@ -23,8 +23,7 @@ class EvalMode(Pass):
     """Switch training-mode BatchNormalization and Dropout nodes to inference mode."""
 
     def call(self, model: onnx.ModelProto) -> PassResult:
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
+        out = clone(model)
         graph = out.graph
         modified = False
         for node in graph.node:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import onnx
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import implicit_inputs, rename_values
+from onnxtrain.ir.passes import clone, implicit_inputs, rename_values
 
 __all__ = ["FoldOutputIdentities"]
 
@@ -38,8 +38,7 @@ class FoldOutputIdentities(Pass):
                 rename[x] = node.output[0]
         if not rename:
             return PassResult(model, False)
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
+        out = clone(model)
         folded = [n for n in out.graph.node if n.op_type == "Identity" and rename.get(n.input[0]) == n.output[0]]
         for node in folded:
             out.graph.node.remove(node)

@@ -18,7 +18,7 @@ import onnx
 from onnx import helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import node_inputs, used_names
+from onnxtrain.ir.passes import clone, node_inputs, used_names
 
 __all__ = ["PoolBeforeRelu"]
 
@@ -65,8 +65,7 @@ class PoolBeforeRelu(Pass):
         for n in graph.node:
             if id(n) not in dropped:
                 nodes.extend(swapped.get(id(n), [n]))
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
+        out = clone(model)
         del out.graph.node[:]
         out.graph.node.extend(nodes)
         return PassResult(out, True)

@@ -19,7 +19,7 @@ from onnx import helper
 
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import constant_values, default_opset, node_inputs, used_names
+from onnxtrain.ir.passes import clone, constant_values, default_opset, node_inputs, used_names
 from onnxtrain.ir.types import infer_tensor_info
 
 __all__ = ["SequencesToSplit"]
@@ -54,8 +54,7 @@ class SequencesToSplit(Pass):
                 plans[seq] = sizes
         if not plans:
             return PassResult(model, False)
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
+        out = clone(model)
         nodes: list[onnx.NodeProto] = []
         b = GraphBuilder(default_opset(out) or 18, taken=used_names(out.graph))
         pieces_of: dict[str, list[str]] = {}
