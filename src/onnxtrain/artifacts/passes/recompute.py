@@ -32,7 +32,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import constant_values, node_inputs, used_names
+from onnxtrain.ir.passes import clone, constant_values, node_inputs, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
 __all__ = ["RecomputeInBackward"]
@@ -89,8 +89,7 @@ class RecomputeInBackward(Pass):
         if not [v for v in kept if recomputable(v)]:
             return PassResult(model, False)
 
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
+        out = clone(model)
         taken = used_names(out.graph)
         copies: dict[str, str] = {}
         nodes: list[onnx.NodeProto] = []
@@ -116,8 +115,7 @@ class RecomputeInBackward(Pass):
             if v in copies:
                 return copies[v]
             original = graph.node[producer[v]]
-            node = onnx.NodeProto()
-            node.CopyFrom(original)
+            node = clone(original)
             node.name = unique((original.name or original.output[0]) + SUFFIX)
             k = chains[v]
             if k != _START:
