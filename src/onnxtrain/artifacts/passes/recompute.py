@@ -18,7 +18,7 @@ Cases handled:
    activations the backward keeps anyway and that are not recomputed themselves (attention scores
    ``q k^T``); a MatMul by a matrix (a projection by a weight, even through a Transpose) never is.
 3. Left alone: a chain that starts at a forward value the backward does not read (keeping it instead would
-   save nothing) or at a value of unknown rank, and every other op.
+   save nothing) or at a value of unknown rank, values a subgraph of the backward reads, and every other op.
 
 onnxruntime's common-subexpression elimination would merge a copy with its original (same op, same inputs,
 after its own fusions) and undo the rewrite. So the first op of a copied chain reads its kept input through
@@ -32,7 +32,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, constant_values, node_inputs, used_names
+from onnxtrain.ir.passes import clone, constant_values, implicit_inputs, node_inputs, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
 __all__ = ["RecomputeInBackward"]
@@ -58,6 +58,8 @@ class RecomputeInBackward(Pass):
         constants = {k: v for k, v in constant_values(graph).items() if v.size == 1}
         infos = infer_tensor_info(model)
         kept = {x for k, n in enumerate(graph.node) if k not in forward for x in node_inputs(n) if x in producer}
+        # a value a subgraph reads stays alive for it: nothing to gain, and the rewrite reads direct inputs only
+        captured = {x for k, n in enumerate(graph.node) if k not in forward for x in implicit_inputs(n)}
 
         chains: dict[str, int | None] = {}  # value -> its producer's input that continues a chain, or _START
 
@@ -67,7 +69,7 @@ class RecomputeInBackward(Pass):
         def recomputable(v: str) -> bool:
             if v not in chains:
                 chains[v] = None  # a cycle cannot occur in a valid graph; this also ends the recursion
-                chains[v] = _link(graph.node[producer[v]], v) if v in producer else None
+                chains[v] = _link(graph.node[producer[v]], v) if v in producer and v not in captured else None
             return chains[v] is not None
 
         def _link(node: onnx.NodeProto, v: str) -> int | None:
