@@ -215,8 +215,9 @@ def table(record: dict) -> str:
         gen, train = r[f"generate-{what}"], r[f"train-{what}"]
         if what in inter:
             ratios = sorted(inter[what]["ratio_per_round"])
-            step = (f"{inter[what]['step_ms']:.0f} ({inter[what]['step_ms'] / inter['full']['step_ms']:.2f}x; "
-                    f"rounds {ratios[0]:.2f}-{ratios[-1]:.2f}x) | {inter[what]['step_cpu_ms']:.0f} "
+            spread = f"; rounds {ratios[0]:.2f}-{ratios[-1]:.2f}x" if what != "full" else ""
+            step = (f"{inter[what]['step_ms']:.0f} ({inter[what]['step_ms'] / inter['full']['step_ms']:.2f}x"
+                    f"{spread}) | {inter[what]['step_cpu_ms']:.0f} "
                     f"({inter[what]['step_cpu_ms'] / inter['full']['step_cpu_ms']:.2f}x)")
         else:
             step = (f"{train['step_ms']:.0f} alone ({train['step_ms'] / r['train-full']['step_ms']:.2f}x of full "
