@@ -9,6 +9,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -161,3 +162,56 @@ def test_peft_adapter_starts_the_artifacts(bert, tmp_path):
 def test_command_line_lora_mistakes(bert, tmp_path):
     proc = run_cli("generate", bert[1], "-o", tmp_path, "--loss", "cross-entropy", "--lora-rank", "4")
     assert_one_line_error(proc, "--lora-rank needs --lora-targets")
+
+
+def _forward_and_backward_reads(model: onnx.ModelProto) -> tuple[list[onnx.NodeProto], set[str]]:
+    """The forward nodes (those the loss depends on), and the graph inputs and values the other nodes read."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    forward, stack = set(), [model.graph.output[0].name]
+    while stack:
+        node = producer.get(stack.pop())
+        if node is not None and node.name not in forward:
+            forward.add(node.name)
+            stack.extend(node.input)
+    return ([n for n in model.graph.node if n.name in forward],
+            {x for n in model.graph.node if n.name not in forward for x in n.input})
+
+
+def test_the_backward_does_only_what_the_adapters_need(bert, tmp_path):
+    _, path, _, _ = bert
+    paths = generate_artifacts(str(path), loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path,
+                               lora=LoRA(rank=4, alpha=8, targets=TARGETS))
+    model = onnx.load(paths["training"])
+    forward, reads = _forward_and_backward_reads(model)
+    # the module of each frozen matrix the backward multiplies by (dX = dY W^T): every linear layer above the
+    # first adapter; in layer 0 not the key, nor the query and value base weights (nothing below them trains)
+    frozen = {i.name for i in model.graph.input} - {n for n in reads if "lora" in n}
+    weights = {n.input[1]: n.name.rsplit("/", 1)[0] for n in forward
+               if n.op_type in ("MatMul", "Gemm") and n.input[1] in frozen}
+    multiplied = sorted(weights[w] for w in reads if w in weights)
+    layer = [f"/attention/self/{m}" for m in ("query", "key", "value")] + ["/attention/output/dense",
+                                                                           "/intermediate/dense", "/output/dense"]
+    assert multiplied == sorted(["/bert/encoder/layer.0" + m for m in layer[3:]] +
+                                ["/bert/encoder/layer.1" + m for m in layer] + ["/bert/pooler/dense", "/classifier"])
+    # below the first adapter the backward reads only the adapters' input (for the gradient of A)
+    embeddings = {o for n in forward if n.name.startswith("/bert/embeddings/") and n.op_type != "Constant"
+                  for o in n.output}
+    assert reads & embeddings == {"/bert/embeddings/LayerNorm/LayerNormalization_output_0"}
+    # the erf GELU keeps only its input: its other intermediates are recomputed in the backward
+    gelu = {o for n in forward if "intermediate_act_fn" in n.name and n.op_type != "Constant" for o in n.output}
+    assert reads & gelu == set()
+    # so are the attention probabilities where the backward keeps q and k anyway (layer 0's key needs no
+    # gradient, so there it may keep them instead), and onnxruntime does not merge the copies back
+    probabilities = {n.output[0]: n.name for n in forward if n.op_type == "Softmax"}
+    kept = {probabilities[v] for v in reads & set(probabilities)}
+    assert kept <= {"/bert/encoder/layer.0/attention/self/Softmax"}
+    copies = [n for n in model.graph.node if n.op_type == "Softmax" and n.name not in probabilities.values()]
+    assert len(copies) == 2 - len(kept)
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(paths["training"], so, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx")).graph
+    assert [n.op_type for n in optimized.node].count("Softmax") == 4 - len(kept)
+    # dX = dY W^T: onnxruntime folds the Transpose of a frozen weight into the MatMul, no copy per step
+    assert [n for n in model.graph.node if n.op_type == "Transpose" and n.input[0] in frozen]
+    assert not [n.name for n in optimized.node if n.op_type == "Transpose" and n.input[0] in frozen]

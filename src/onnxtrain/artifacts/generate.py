@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import onnx
 
 from onnxtrain.artifacts.graphs import build_graphs
-from onnxtrain.artifacts.lora import apply_lora
+from onnxtrain.artifacts.lora import apply_lora, finish_lora
 from onnxtrain.artifacts.optimizer import build_optimizer_model
 from onnxtrain.artifacts.params import plan_parameters
 from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
@@ -105,9 +105,8 @@ def generate_artifacts(
         plan = plan_parameters(source.model.graph, source.weights, train, frozen, trainable_ops)
         graphs = build_graphs(source.model, source.weights, plan, loss_block, loss_input_names,
                               additional_output_names, all_outputs)
-        if lora_meta is not None:  # the runtime's merge and the PEFT export read it
-            lora_meta.attach(graphs.training)
-            lora_meta.attach(graphs.eval)
+        if lora_meta is not None:
+            finish_lora(graphs, lora_meta)
         return plan, graphs
 
     source = load_source_model(model)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Sequence
 
+from onnxtrain.artifacts.graphs import TrainingGraphs
 from onnxtrain.artifacts.params import plan_parameters
+from onnxtrain.artifacts.passes import RecomputeInBackward
 from onnxtrain.artifacts.source import SourceModel
 from onnxtrain.errors import LoRAError
 from onnxtrain.lora import InjectLoRA, LoRA, LoRAMeta, lora_meta
 
-__all__ = ["apply_lora"]
+__all__ = ["apply_lora", "finish_lora"]
 
 
 def apply_lora(source: SourceModel, lora: LoRA, requires_grad: Sequence[str] | None,
@@ -38,3 +40,16 @@ def apply_lora(source: SourceModel, lora: LoRA, requires_grad: Sequence[str] | N
     plan = plan_parameters(source.model.graph, source.weights, train, frozen_params)
     weights = plan_parameters(source.model.graph, source.weights, None, None).trainable  # every weight-like one
     return train, [*plan.frozen, *(w for w in weights if w not in plan.trainable and w not in plan.frozen)], meta
+
+
+def finish_lora(graphs: TrainingGraphs, meta: LoRAMeta) -> None:
+    """Record the adapters in the training and eval models (the runtime's merge and the PEFT export read it)
+    and let the training graph recompute cheap forward values in the backward (in place).
+
+    LoRA's point is memory: with the weights frozen, the activations the backward keeps are most of a step's
+    memory; ``RecomputeInBackward`` drops the erf GELU's intermediates and the attention probabilities, which
+    it recomputes from values the backward keeps anyway.
+    """
+    graphs.training = RecomputeInBackward()(graphs.training).model
+    meta.attach(graphs.training)
+    meta.attach(graphs.eval)

@@ -31,7 +31,7 @@ from onnx import helper
 
 from onnxtrain.errors import LoRAError
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import declare_as_inputs, used_names
+from onnxtrain.ir.passes import clone, declare_as_inputs, used_names
 from onnxtrain.lora.config import Adapter, LoRA, LoRAMeta, adapter_param_names
 
 __all__ = ["InjectLoRA", "module_path", "Candidate", "candidates"]
@@ -133,16 +133,14 @@ class InjectLoRA(Pass):
         self.lora, self.weights = lora, weights
 
     def call(self, model: onnx.ModelProto) -> PassResult:
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
+        out = clone(model)
         meta = _inject(out.graph, self.weights, self.lora)
         meta.attach(out)
         return PassResult(out, True)
 
     def ensures(self, model: onnx.ModelProto) -> None:
         """The checker on a copy that declares the outside weights as graph inputs (no tensor data copied)."""
-        probe = onnx.ModelProto()
-        probe.CopyFrom(model)
+        probe = clone(model)
         declare_as_inputs(probe, self.weights)
         super().ensures(probe)
 

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from onnxtrain.errors import LoRAError
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import node_inputs
+from onnxtrain.ir.passes import clone, node_inputs
 from onnxtrain.lora.config import Adapter, LoRAMeta
 
 __all__ = ["MergeAdapters", "merged_weight"]
@@ -41,8 +41,7 @@ class MergeAdapters(Pass):
         self.meta = meta
 
     def call(self, model: onnx.ModelProto) -> PassResult:
-        out = onnx.ModelProto()
-        out.CopyFrom(model)
+        out = clone(model)
         _merge(out.graph, self.meta)
         return PassResult(out, True)
 

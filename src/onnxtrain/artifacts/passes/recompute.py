@@ -1,0 +1,171 @@
+"""RecomputeInBackward: the backward recomputes forward values that are cheap to recompute from values it
+keeps anyway, instead of keeping them too.
+
+Every forward value that a gradient node reads stays alive from the forward to the backward. Two cases of a
+BERT cost the most: the erf GELU ``x * 0.5 * (1 + erf(x / sqrt(2)))``, whose backward reads ``x``,
+``x / sqrt(2)`` and ``1 + erf(...)``, three activations of the intermediate size where ``x`` suffices; and
+the attention probabilities ``softmax(q k^T)`` (batch x heads x sequence x sequence), whose backward also
+keeps ``q`` and ``k``, from which one small MatMul and a Softmax recompute them.
+
+Cases handled:
+
+1. A forward value ``v`` read by a node outside the forward (the nodes the loss depends on), produced by
+   a unary op of ``UNARY`` (elementwise, or Softmax / LogSoftmax), or by ``Add``/``Sub``/``Mul``/``Div``/
+   ``Pow`` whose other input is a one-element constant, and whose variable input is a value the backward
+   reads anyway, a graph input, or such a value itself: the backward reads a copy of its chain, built once
+   and inserted before the first node that needs it. The forward then drops ``v`` after its forward readers.
+2. The same with a MatMul as the chain's first op, when both its inputs are batched (rank 3 or more)
+   activations the backward keeps anyway and that are not recomputed themselves (attention scores
+   ``q k^T``); a MatMul by a matrix (a projection by a weight, even through a Transpose) never is.
+3. Left alone: a chain that starts at a forward value the backward does not read (keeping it instead would
+   save nothing) or at a value of unknown rank, values a subgraph of the backward reads, and every other op.
+
+onnxruntime's common-subexpression elimination would merge a copy with its original (same op, same inputs,
+after its own fusions) and undo the rewrite. So the first op of a copied chain reads its kept input through
+a Reshape to the same shape (``[0, ..., 0, -1]``), which onnxruntime leaves in place and runs without a copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from onnxtrain.ir.pass_infra import Pass, PassResult
+from onnxtrain.ir.passes import clone, constant_values, implicit_inputs, node_inputs, used_names
+from onnxtrain.ir.types import TensorInfo, infer_tensor_info
+
+__all__ = ["RecomputeInBackward"]
+
+UNARY = frozenset({"Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Tanh", "Sigmoid", "Relu",
+                   "Softplus", "Sin", "Cos", "Softmax", "LogSoftmax"})
+BINARY_WITH_CONSTANT = frozenset({"Add", "Sub", "Mul", "Div", "Pow"})
+SUFFIX = "/recomputed"
+_START = -1  # a chain's first op: reads only values that stay alive anyway
+
+
+class RecomputeInBackward(Pass):
+    """Recompute, in the backward, the cheap forward values the gradient nodes read (cases in the module's
+    docstring)."""
+
+    def __init__(self, loss: str | None = None):
+        self.loss = loss  # None: the graph's first output
+
+    def call(self, model: onnx.ModelProto) -> PassResult:
+        graph = model.graph
+        forward = _ancestors(graph.node, self.loss or graph.output[0].name)
+        producer = {o: k for k, n in enumerate(graph.node) if k in forward for o in n.output if o}
+        constants = {k: v for k, v in constant_values(graph).items() if v.size == 1}
+        infos = infer_tensor_info(model)
+        kept = {x for k, n in enumerate(graph.node) if k not in forward for x in node_inputs(n) if x in producer}
+        # a value a subgraph reads stays alive for it: nothing to gain, and the rewrite reads direct inputs only
+        captured = {x for k, n in enumerate(graph.node) if k not in forward for x in implicit_inputs(n)}
+
+        chains: dict[str, int | None] = {}  # value -> its producer's input that continues a chain, or _START
+
+        def stays(x: str) -> bool:
+            return x not in producer or x in kept
+
+        def recomputable(v: str) -> bool:
+            if v not in chains:
+                chains[v] = None  # a cycle cannot occur in a valid graph; this also ends the recursion
+                chains[v] = _link(graph.node[producer[v]], v) if v in producer and v not in captured else None
+            return chains[v] is not None
+
+        def _link(node: onnx.NodeProto, v: str) -> int | None:
+            if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+                return None
+            if node.op_type == "MatMul":  # batched, of two activations kept anyway: not a projection by a weight
+                ok = all(x in kept and _rank(infos, x) >= 3 and not recomputable(x) for x in node.input)
+                return _START if ok else None
+            k = _variable_input(node, constants)
+            if k is None:
+                return None
+            x = node.input[k]
+            if x in producer and recomputable(x):  # continues the copy of x's chain
+                return k
+            if stays(x) and _rank(infos, x) >= 0:
+                return _START
+            return None
+
+        if not [v for v in kept if recomputable(v)]:
+            return PassResult(model, False)
+
+        out = clone(model)
+        taken = used_names(out.graph)
+        copies: dict[str, str] = {}
+        nodes: list[onnx.NodeProto] = []
+
+        def unique(name: str) -> str:
+            k, candidate = 0, name
+            while candidate in taken:
+                k += 1
+                candidate = f"{name}_{k}"
+            taken.add(candidate)
+            return candidate
+
+        def same_shape(x: str, name: str) -> str:
+            """x through a Reshape to its own shape (see the module's docstring)."""
+            shape = unique(x + SUFFIX + "/shape")
+            out.graph.initializer.append(numpy_helper.from_array(
+                np.array([0] * (_rank(infos, x) - 1) + [-1] if _rank(infos, x) else [], np.int64), shape))
+            view = onnx.helper.make_node("Reshape", [x, shape], [unique(x + SUFFIX)], name=unique(name + "/view"))
+            nodes.append(view)
+            return view.output[0]
+
+        def copy_of(v: str) -> str:
+            if v in copies:
+                return copies[v]
+            original = graph.node[producer[v]]
+            node = clone(original)
+            node.name = unique((original.name or original.output[0]) + SUFFIX)
+            k = chains[v]
+            if k != _START:
+                node.input[k] = copy_of(node.input[k])
+            else:
+                j = 0 if node.op_type == "MatMul" else _variable_input(original, constants)
+                node.input[j] = same_shape(node.input[j], node.name)
+            del node.output[:]
+            node.output.append(unique(v + SUFFIX))
+            nodes.append(node)
+            copies[v] = node.output[0]
+            return copies[v]
+
+        for k, node in enumerate(out.graph.node):
+            if k not in forward:
+                for j, x in enumerate(node.input):
+                    if x in producer and chains.get(x) is not None:
+                        node.input[j] = copy_of(x)
+            nodes.append(node)
+        del out.graph.node[:]
+        out.graph.node.extend(nodes)
+        return PassResult(out, True)
+
+
+def _ancestors(nodes, value: str) -> set[int]:
+    """The indices of the nodes ``value`` depends on."""
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        k = producer.get(stack.pop())
+        if k is not None and k not in seen:
+            seen.add(k)
+            stack.extend(x for x in node_inputs(nodes[k]) if x)
+    return seen
+
+
+def _rank(infos: dict[str, TensorInfo], value: str) -> int:
+    """The value's rank, -1 if unknown."""
+    info = infos.get(value)
+    return -1 if info is None or info.rank is None else info.rank
+
+
+def _variable_input(node: onnx.NodeProto, constants: dict) -> int | None:
+    """The index of the one non-constant input of a unary or binary-with-constant node, or None."""
+    if node.op_type in UNARY and len(node.input) == 1:
+        return 0
+    if node.op_type in BINARY_WITH_CONSTANT and len(node.input) == 2:
+        variable = [k for k, x in enumerate(node.input) if x not in constants]
+        return variable[0] if len(variable) == 1 else None
+    return None

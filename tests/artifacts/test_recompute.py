@@ -1,0 +1,101 @@
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxtrain.artifacts import LossType, generate_artifacts
+from onnxtrain.artifacts.passes import RecomputeInBackward
+from onnxtrain.artifacts.passes.recompute import SUFFIX
+
+N, D, H = 4, 6, 10
+
+
+def _mlp(activation: str) -> onnx.ModelProto:
+    """x @ W1 -> activation -> @ W2; the erf GELU as torch exports it, or tanh(2 h)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(D, H)).astype(np.float32), "W1"),
+             numpy_helper.from_array(rng.normal(size=(H, 3)).astype(np.float32), "W2"),
+             numpy_helper.from_array(np.array(2 ** 0.5, np.float32), "sqrt2"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half")]
+    if activation == "gelu":
+        act = [helper.make_node("Div", ["h", "sqrt2"], ["u"]), helper.make_node("Erf", ["u"], ["e"]),
+               helper.make_node("Add", ["e", "one"], ["t"]), helper.make_node("Mul", ["h", "t"], ["m"]),
+               helper.make_node("Mul", ["m", "half"], ["a"])]
+    else:  # tanh's backward reads its output, whose chain starts at h, which nothing else keeps
+        act = [helper.make_node("Mul", ["h", "half"], ["u"]), helper.make_node("Tanh", ["u"], ["a"])]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W1"], ["h"]), *act, helper.make_node("MatMul", ["a", "W2"], ["y"])],
+        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, D])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [N, 3])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _training_model(tmp_path, activation: str) -> onnx.ModelProto:
+    paths = generate_artifacts(_mlp(activation), requires_grad=["W1"], frozen_params=["W2"],
+                               loss=LossType.MSELoss, artifact_directory=tmp_path)
+    return onnx.load(paths["training"])
+
+
+def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {k: v for k, v in feeds.items() if k in {i.name for i in model.graph.input}})
+
+
+def _backward_reads(model: onnx.ModelProto) -> set[str]:
+    """The forward values (those the loss depends on) that other nodes read."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    forward, stack = set(), [model.graph.output[0].name]
+    while stack:
+        node = producer.get(stack.pop())
+        if node is not None and id(node) not in forward:
+            forward.add(id(node))
+            stack.extend(node.input)
+    made = {o for n in model.graph.node if id(n) in forward for o in n.output}
+    return {x for n in model.graph.node if id(n) not in forward for x in n.input if x in made}
+
+
+def _feeds(model: onnx.ModelProto) -> dict:
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.normal(size=(N, D)).astype(np.float32), "target": rng.normal(size=(N, 3)).astype(np.float32),
+             "lazy_reset_grad": np.array(True)}
+    mlp = {i.name: numpy_helper.to_array(i) for i in _mlp("gelu").graph.initializer}
+    for i in model.graph.input:
+        if i.name in mlp:
+            feeds[i.name] = mlp[i.name]
+        elif i.name not in feeds:
+            shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+            feeds[i.name] = np.zeros(shape, np.float32)
+    return feeds
+
+
+def test_the_gelu_backward_keeps_only_its_input(tmp_path):
+    model = _training_model(tmp_path, "gelu")
+    assert {"h", "u", "t"} <= _backward_reads(model)  # Erf reads u, Mul reads h and t
+    result = RecomputeInBackward()(model)
+    assert result.modified
+    assert _backward_reads(result.model) & {"u", "e", "t", "m"} == set()
+    assert "h" in _backward_reads(result.model)
+    copies = sorted(n.op_type for n in result.model.graph.node if n.name.endswith(SUFFIX))
+    assert copies == ["Add", "Div", "Erf"]
+    feeds = _feeds(model)
+    for got, want in zip(_run(result.model, feeds), _run(model, feeds)):  # loss and the gradient of W1
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_onnxruntime_does_not_merge_the_copies_back(tmp_path):
+    model = RecomputeInBackward()(_training_model(tmp_path, "gelu")).model
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"))
+    ops = [n.op_type for n in optimized.graph.node]
+    # two erfs: the forward's (fused into one Gelu node once nothing else reads its intermediates) and the copy's
+    assert ops.count("Erf") + ops.count("Gelu") == 2, ops
+
+
+def test_a_chain_from_a_value_nothing_keeps_is_left_alone(tmp_path):
+    model = _training_model(tmp_path, "tanh")
+    assert "a" in _backward_reads(model) and "h" not in _backward_reads(model)
+    result = RecomputeInBackward()(model)
+    assert not result.modified and result.model is model
