@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from onnxtrain import blocks
 from onnxtrain.api import CheckpointState, Module, Optimizer
@@ -24,6 +25,7 @@ EXPORTERS = ("torchscript-train", "torchscript-eval", "dynamo")
 STEPS = 20
 LR = 1e-3
 GRAD_RTOL = 1e-4  # norm-wise, per parameter tensor, float32 (issue 12)
+FLOAT64_RTOL = 1e-6  # the same, with the training graph run in float64
 
 
 def one_line(exc: BaseException, limit: int = 400) -> str:
@@ -202,27 +204,54 @@ def torch_loss_and_grads(run: Run, inputs, labels, dtype):
                          for n, p in model.named_parameters()}
 
 
-def float32_sensitivity(run: Run, inputs, labels, ref64: dict, norms: dict, tries: int = 3) -> dict[str, float]:
-    """Per parameter, the largest relative change of torch's float64 gradient when the float inputs are moved
-    by their float32 rounding (relative noise of 3e-7): how well defined the gradient is at float32 precision.
+def _as_float64(graph: onnx.GraphProto) -> None:
+    """Every float32 tensor, type and cast of ``graph`` (and its subgraphs) made float64, in place."""
+    def widen(tensor: onnx.TensorProto) -> None:
+        if tensor.data_type == onnx.TensorProto.FLOAT:
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float64), tensor.name))
 
-    Near a ReLU or MaxPool kink, or through training-mode BatchNorm over few values, a change that small flips
-    branches and moves a whole tensor's gradient by 1e-2; any float32 implementation (torch's own, ours) may land
-    anywhere in that range. Away from kinks it is ~1e-7, so a wrong rule still fails.
-    """
-    torch = _torch()
-    moved = dict.fromkeys(norms, 0.0)
-    for k in range(tries):
-        rng = np.random.default_rng(1000 + k)
-        nudged = [x * (1 + 3e-7 * rng.standard_normal(x.shape)).astype(x.dtype) if x.dtype.kind == "f" else x
-                  for x in inputs]
-        _, grads = torch_loss_and_grads(run, nudged, labels, torch.float64)
-        for n in moved:
-            moved[n] = max(moved[n], float(np.linalg.norm(grads[n] - ref64[n])) / norms[n])
-    return moved
+    for init in graph.initializer:
+        widen(init)
+    for value in [*graph.input, *graph.output]:
+        if value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            value.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    del graph.value_info[:]
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                widen(attr.t)
+            elif attr.name in ("to", "dtype") and attr.i == onnx.TensorProto.FLOAT:
+                attr.i = onnx.TensorProto.DOUBLE
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                _as_float64(attr.g)
+            for sub in attr.graphs:
+                _as_float64(sub)
 
 
-def gradient_error(run: Run, case: str, seed: int) -> tuple[float, str]:
+def float64_gradients(run: Run, inputs, labels) -> dict[str, np.ndarray]:
+    """The training graph's gradients computed in float64 (onnx.reference): what the graph computes without
+    float32 rounding, to tell a wrong rule from an ill-conditioned float32 comparison."""
+    from onnx.reference import ReferenceEvaluator
+
+    from onnxtrain.conventions import LAZY_RESET_GRAD, grad_buffer_name, grad_output_name
+    from onnxtrain.runtime.backends.reference_ops import PATCHED_OPS
+
+    model = onnx.load(str(run.artifacts / "training_model.onnx"))
+    _as_float64(model.graph)
+    state = CheckpointState.load_checkpoint(run.artifacts / "checkpoint")
+    widen = lambda a: a.astype(np.float64) if a.dtype == np.float32 else a  # noqa: E731
+    values = {n: widen(p.data) for n, p in state.parameters}
+    values.update({n: widen(np.asarray(b)) for n, b in state.buffers.items()})
+    values.update({grad_buffer_name(n): np.zeros(p.shape) for n, p in state.parameters if p.requires_grad})
+    values[LAZY_RESET_GRAD] = np.array(True)
+    data = iter([*inputs, labels])
+    feeds = {i.name: values[i.name] if i.name in values else widen(next(data)) for i in model.graph.input}
+    outputs = dict(zip([o.name for o in model.graph.output],
+                       ReferenceEvaluator(model, new_ops=PATCHED_OPS).run(None, feeds)))
+    return {n: outputs[grad_output_name(n)] for n, p in state.parameters if p.requires_grad}
+
+
+def gradient_error(run: Run, case: str, seed: int, exact_check: bool = False) -> tuple[float, str]:
     """(worst error / tolerance, message) over every parameter for one batch; raises on a wrong loss or
     parameter set."""
     torch = _torch()
@@ -248,18 +277,15 @@ def gradient_error(run: Run, case: str, seed: int) -> tuple[float, str]:
     norms = {n: max(float(np.linalg.norm(ref64[n])), 1e-6 * scale) for n in names}  # zero in exact arithmetic
     errors = {n: float(np.linalg.norm(state.parameters[n].grad - ref64[n])) / norms[n] for n in names}
     torch_errors = {n: float(np.linalg.norm(ref32[n] - ref64[n])) / norms[n] for n in names}
-    sensitivity = dict.fromkeys(names, 0.0)
-
-    def worst():
-        return max(((errors[n] / max(GRAD_RTOL, 5 * torch_errors[n], 2 * sensitivity[n]), n) for n in names),
-                   default=(0.0, ""))
-
-    if worst()[0] >= 1:  # measure how much float32 rounding of the inputs alone moves the exact gradient
-        sensitivity = float32_sensitivity(run, inputs, labels, ref64, norms)
-    ratio, name = worst()
+    ratio, name = max(((errors[n] / max(GRAD_RTOL, 5 * torch_errors[n]), n) for n in names), default=(0.0, ""))
     message = (f"{name}: relative gradient error {errors.get(name, 0):.2e} (torch float32: "
-               f"{torch_errors.get(name, 0):.2e}; float64 moved by float32 input rounding: "
-               f"{sensitivity.get(name, 0):.2e})")
+               f"{torch_errors.get(name, 0):.2e})")
+    if ratio >= 1 and exact_check:  # float32 disagrees: does the graph compute the exact gradient?
+        exact = float64_gradients(run, inputs, labels)
+        worst64 = max((float(np.linalg.norm(exact[n] - ref64[n])) / norms[n], n) for n in names)
+        message += f"; in float64 the graph's worst error is {worst64[0]:.2e} ({worst64[1]})"
+        if worst64[0] < FLOAT64_RTOL:
+            ratio = 0.0
     if ratio < 1:  # the parameter sets are checked once the shared parameters' gradients are known to match
         assert ours >= used, f"not trained: {sorted(used - ours)[:4]} (trainable: {len(ours)}, torch: {len(used)})"
         assert ours <= set(ref64), (f"the other gradients match, but these non-parameters are trained: "
@@ -270,21 +296,24 @@ def gradient_error(run: Run, case: str, seed: int) -> tuple[float, str]:
 def check_gradients(run: Run, case: str, seeds: int = 3) -> None:
     """Loss and every parameter's gradient from the training artifacts match torch's (float64 reference).
 
-    Norm-wise relative error below 1e-4 per tensor, or within 5x torch's own float32 error, or within twice
-    how far float32 rounding of the inputs alone moves the exact gradient (:func:`float32_sensitivity`),
-    whichever is larger: training-mode BatchNorm over few values, and kinks met by chance, make some gradients
-    ill-defined at float32 precision.
+    Norm-wise relative error below 1e-4 per tensor, or within 5x torch's own float32 error where that is larger
+    (training-mode BatchNorm over few values is ill-conditioned: float32 torch is off too).
 
     A ReLU or MaxPool input within float32 rounding of its kink (resnet18 at batch 3: one pre-activation of
     6.6e-7 out of 10^5) can take the other branch in onnxruntime than in torch, which changes that element's
     gradient by O(1) and a whole tensor's by 1e-2: such a batch says nothing about the rule. The check passes
     when the gradients match on one of ``seeds`` batches (the loss must match on every batch tried); a wrong
     rule fails on all of them.
+
+    Deep networks (DenseNet-121, RegNet) can be that sensitive on every batch: float32 rounding in onnxruntime's
+    kernels and in torch's flips different kinks. So when the last batch also disagrees in float32, the training
+    graph is run in float64 (:func:`float64_gradients`, onnx.reference): if it then matches torch's float64
+    gradients within 1e-6, the graph computes the exact gradient and the check passes; a wrong rule fails it.
     """
     run.require_artifacts()
     messages = []
     for seed in range(seeds):
-        ratio, message = gradient_error(run, case, seed)
+        ratio, message = gradient_error(run, case, seed, exact_check=seed == seeds - 1)
         if ratio < 1:
             return
         messages.append(message)
@@ -351,7 +380,11 @@ def check_training(run: Run) -> list[float]:
             missing = sorted(set(expected) - set(before))
             assert not missing, f"running statistics not updated by the training graph: {missing[:3]}"
             for n, values in expected.items():
-                assert not np.array_equal(state.buffers[n], before[n]), f"{n} did not move"
+                # A BatchNorm after a linear map of a BatchNorm's output sees a batch mean that does not depend
+                # on the data (W @ bias): its running mean stays put in torch too, and that is no failure.
+                expected_move = max(float(np.max(np.abs(v - before[n]))) for v in values)
+                if expected_move > 1e-6 * float(np.max(np.abs(before[n]))):
+                    assert not np.array_equal(state.buffers[n], before[n]), f"{n} did not move"
                 errs = [np.linalg.norm(state.buffers[n] - v) / np.linalg.norm(v) for v in values]
                 assert min(errs) < 1e-4, f"{n}: relative difference {errs[0]:.2e} from torch's after one step"
     assert all(np.isfinite(losses)), f"non-finite losses {losses}"

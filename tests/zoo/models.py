@@ -134,6 +134,32 @@ def gpt2():
     return Logits.wrap(GPT2LMHeadModel(config), shift=True)
 
 
+def llama():
+    """A Llama decoder with grouped-query attention (2 heads, 1 key/value head), RMSNorm, SiLU and rotary
+    embeddings; eager attention, since TorchScript cannot convert grouped-query SDPA."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    config = LlamaConfig(vocab_size=VOCAB, max_position_embeddings=32, num_key_value_heads=1, pad_token_id=0,
+                         hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                         num_labels=CLASSES, attn_implementation="eager")
+    return Logits.wrap(LlamaForSequenceClassification(config))
+
+
+def albert():
+    from transformers import AlbertConfig, AlbertForSequenceClassification
+
+    config = AlbertConfig(vocab_size=VOCAB, embedding_size=8, max_position_embeddings=32,
+                          classifier_dropout_prob=0.0, **_TRANSFORMER)
+    return Logits.wrap(AlbertForSequenceClassification(config))
+
+
+def deberta():
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    config = DebertaV2Config(vocab_size=VOCAB, max_position_embeddings=32, pooler_dropout=0.0, **_TRANSFORMER)
+    return Logits.wrap(DebertaV2ForSequenceClassification(config))
+
+
 def vit():
     from transformers import ViTConfig, ViTForImageClassification
 
@@ -171,6 +197,8 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     _vision("squeezenet1_1", "torchvision", _torchvision("squeezenet1_1", dropout=0.0)),
     _vision("regnet_x_400mf", "torchvision", _torchvision("regnet_x_400mf")),
     _vision("densenet121", "torchvision", _torchvision("densenet121")),
+    _vision("mnasnet0_5", "torchvision", _torchvision("mnasnet0_5", dropout=0.0)),
+    _vision("ghostnet_050", "timm", _timm("ghostnet_050")),
     _vision("tf_efficientnet_lite0", "timm", _timm("tf_efficientnet_lite0")),
     _vision("tf_mobilenetv3_small_100", "timm", _timm("tf_mobilenetv3_small_100")),
     _vision("convnext_atto", "timm", _timm("convnext_atto")),
@@ -182,6 +210,9 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     _text("distilbert", distilbert),
     _text("roberta", roberta),
     _text("gpt2", gpt2, labels=_next_tokens, output_axes={2: "positions"}),
+    _text("llama", llama),
+    _text("albert", albert),
+    _text("deberta_v2", deberta),
     _vision("vit", "transformers", vit, sizes=(32, None), axes={}),
     Spec("wav2vec2", "transformers", wav2vec2, _audio, _classes, (400, 640), {1: "samples"}, batches=(2, 3)),
 ]}
