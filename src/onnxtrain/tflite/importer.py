@@ -106,7 +106,8 @@ def convert(model: FlatModel, source: str = "model") -> onnx.ModelProto:
     graph = helper.make_graph(builder.nodes, "tflite", inputs, outputs, initializer=inits + builder.initializers)
     onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="onnxtrain")
     onnx_model.ir_version = 8
-    SourceRecord.from_file_bytes(model.format, source, model.data, slots, untouched).attach(onnx_model)
+    op_weights = [[weight_names[i] for i in op.inputs if i in weight_names] for op in model.operators]
+    SourceRecord.from_file_bytes(model.format, source, model.data, slots, untouched, op_weights).attach(onnx_model)
     onnx.checker.check_model(onnx_model, full_check=True)
     return onnx_model
 

@@ -34,23 +34,26 @@ def converts(*codes: str) -> Callable[[Converter], Converter]:
     return register
 
 
-def _activate(ctx: ImportContext, op: FlatOperator, x: str, layout: str = "nhwc", k: int = 0) -> None:
-    """Apply the op's fused activation to ``x`` and record the result as the op's k-th output."""
+def _emit(ctx: ImportContext, op: FlatOperator, op_type: str, inputs: list[str | None], layout: str = "nhwc",
+          **attrs) -> None:
+    """Emit ``op_type`` and the op's fused activation; the last node writes the op's output."""
     fused = getattr(op.options, "FusedActivationFunction", lambda: 0)()
     b = ctx.builder
-    out = ctx.output(op, k, layout)
     if fused == 0:
-        b.node("Identity", [x], [out])
-    elif fused == 1:
+        b.node(op_type, inputs, [ctx.output(op, 0, layout)], **attrs)
+        return
+    if fused not in (1, 2, 3, 4):
+        raise ctx.fail(op, f"fused activation {_ACTIVATIONS.get(fused, fused)} is not supported (supported: NONE, "
+                           f"RELU, RELU_N1_TO_1, RELU6, TANH)")
+    x = b.node(op_type, inputs, **attrs)
+    out = ctx.output(op, 0, layout)
+    if fused == 1:
         b.node("Relu", [x], [out])
     elif fused in (2, 3):
         lo, hi = (-1.0, 1.0) if fused == 2 else (0.0, 6.0)
         b.node("Clip", [x, b.const(np.float32(lo)), b.const(np.float32(hi))], [out])
-    elif fused == 4:
-        b.node("Tanh", [x], [out])
     else:
-        raise ctx.fail(op, f"fused activation {_ACTIVATIONS.get(fused, fused)} is not supported (supported: NONE, "
-                           f"RELU, RELU_N1_TO_1, RELU6, TANH)")
+        b.node("Tanh", [x], [out])
 
 
 def _same_pads(size: int, kernel: int, stride: int, dilation: int) -> tuple[int, int]:
@@ -83,10 +86,9 @@ def conv_2d(ctx: ImportContext, op: FlatOperator) -> None:
     cin = ctx.tensor(op.inputs[0]).shape[3]
     bias = ctx.nhwc(op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
     strides, dilations = (o.StrideH(), o.StrideW()), (o.DilationHFactor(), o.DilationWFactor())
-    y = b.op.Conv(x, b.op.Transpose(w, perm=list(NHWC_TO_NCHW)), bias, strides=list(strides),
-                  dilations=list(dilations), group=cin // cin_per_group, kernel_shape=[kh, kw],
-                  **_pads(ctx, op, (kh, kw), strides, dilations))
-    _activate(ctx, op, y, "nchw")
+    _emit(ctx, op, "Conv", [x, b.op.Transpose(w, perm=list(NHWC_TO_NCHW)), bias], "nchw", strides=list(strides),
+          dilations=list(dilations), group=cin // cin_per_group, kernel_shape=[kh, kw],
+          **_pads(ctx, op, (kh, kw), strides, dilations))
 
 
 @converts("DEPTHWISE_CONV_2D")
@@ -99,10 +101,8 @@ def depthwise_conv_2d(ctx: ImportContext, op: FlatOperator) -> None:
     cin = ctx.tensor(op.inputs[0]).shape[3]
     bias = ctx.nhwc(op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
     strides, dilations = (o.StrideH(), o.StrideW()), (o.DilationHFactor(), o.DilationWFactor())
-    y = b.op.Conv(x, b.op.Transpose(w, perm=[3, 0, 1, 2]), bias, strides=list(strides),
-                  dilations=list(dilations), group=cin, kernel_shape=[kh, kw],
-                  **_pads(ctx, op, (kh, kw), strides, dilations))
-    _activate(ctx, op, y, "nchw")
+    _emit(ctx, op, "Conv", [x, b.op.Transpose(w, perm=[3, 0, 1, 2]), bias], "nchw", strides=list(strides),
+          dilations=list(dilations), group=cin, kernel_shape=[kh, kw], **_pads(ctx, op, (kh, kw), strides, dilations))
 
 
 @converts("AVERAGE_POOL_2D", "MAX_POOL_2D")
@@ -111,10 +111,9 @@ def pool_2d(ctx: ImportContext, op: FlatOperator) -> None:
     kernel, strides = (o.FilterHeight(), o.FilterWidth()), (o.StrideH(), o.StrideW())
     attrs = dict(kernel_shape=list(kernel), strides=list(strides), **_pads(ctx, op, kernel, strides))
     if op.code == "AVERAGE_POOL_2D":  # TensorFlow averages over the pixels inside the image only
-        y = ctx.builder.op.AveragePool(ctx.nchw(op.inputs[0]), count_include_pad=0, **attrs)
+        _emit(ctx, op, "AveragePool", [ctx.nchw(op.inputs[0])], "nchw", count_include_pad=0, **attrs)
     else:
-        y = ctx.builder.op.MaxPool(ctx.nchw(op.inputs[0]), **attrs)
-    _activate(ctx, op, y, "nchw")
+        _emit(ctx, op, "MaxPool", [ctx.nchw(op.inputs[0])], "nchw", **attrs)
 
 
 def _flat_input(ctx: ImportContext, index: int) -> str:
@@ -142,11 +141,14 @@ def fully_connected(ctx: ImportContext, op: FlatOperator) -> None:
     if len(x_t.signature) != 2:
         x = b.op.Reshape(x, b.ints([-1, depth]))
     bias = ctx.nhwc(op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
-    y = b.op.Gemm(x, ctx.nhwc(op.inputs[1]), bias, transB=1)
     if o is not None and o.KeepNumDims() and len(x_t.signature) != 2:
+        if getattr(o, "FusedActivationFunction", lambda: 0)():
+            raise ctx.fail(op, "keep_num_dims with a fused activation is not supported")
+        y = b.op.Gemm(x, ctx.nhwc(op.inputs[1]), bias, transB=1)
         lead = b.op.Slice(b.op.Shape(ctx.nhwc(op.inputs[0])), b.ints([0]), b.ints([-1]))
-        y = b.op.Reshape(y, b.op.Concat(lead, b.ints([units]), axis=0))
-    _activate(ctx, op, y)
+        b.node("Reshape", [y, b.op.Concat(lead, b.ints([units]), axis=0)], [ctx.output(op)])
+        return
+    _emit(ctx, op, "Gemm", [x, ctx.nhwc(op.inputs[1]), bias], transB=1)
 
 
 @converts("RESHAPE")
@@ -194,7 +196,7 @@ def binary(ctx: ImportContext, op: FlatOperator) -> None:
         max(ctx.rank(a), ctx.rank(c)) == 4
     x, y = (ctx.nchw_operand(a), ctx.nchw_operand(c)) if nchw else (ctx.nhwc(a), ctx.nhwc(c))
     onnx_op = {"ADD": "Add", "SUB": "Sub", "MUL": "Mul", "DIV": "Div"}[op.code]
-    _activate(ctx, op, ctx.builder.node(onnx_op, [x, y]), "nchw" if nchw else "nhwc")
+    _emit(ctx, op, onnx_op, [x, y], "nchw" if nchw else "nhwc")
 
 
 @converts("CONCATENATION")
@@ -206,7 +208,7 @@ def concatenation(ctx: ImportContext, op: FlatOperator) -> None:
         parts, axis = [ctx.nchw(i) for i in op.inputs], NHWC_TO_NCHW.index(axis)
     else:
         parts = [ctx.nhwc(i) for i in op.inputs]
-    _activate(ctx, op, ctx.builder.op.Concat(*parts, axis=axis), "nchw" if nchw else "nhwc")
+    _emit(ctx, op, "Concat", parts, "nchw" if nchw else "nhwc", axis=axis)
 
 
 @converts("MEAN", "SUM", "REDUCE_MAX")
@@ -219,11 +221,10 @@ def reduce(ctx: ImportContext, op: FlatOperator) -> None:
     name, layout = ctx.value(op.inputs[0])
     kept = [a for a in range(4) if a not in axes] if rank == 4 else []
     if layout == "nchw" and (keep or [a for a in NHWC_TO_NCHW if a in kept] == kept):
-        y = ctx.builder.reduce(kind, name, [NHWC_TO_NCHW.index(a) for a in axes], keepdims=keep)
-        ctx.builder.node("Identity", [y], [ctx.output(op, 0, "nchw" if keep else "nhwc")])
-        return
-    y = ctx.builder.reduce(kind, ctx.nhwc(op.inputs[0]), axes, keepdims=keep)
-    ctx.builder.node("Identity", [y], [ctx.output(op)])
+        axes, layout = [NHWC_TO_NCHW.index(a) for a in axes], "nchw" if keep else "nhwc"
+    else:
+        name, layout = ctx.nhwc(op.inputs[0]), "nhwc"
+    ctx.define(op.outputs[0], ctx.builder.reduce(kind, name, axes, keepdims=keep), layout)
 
 
 @converts("PAD", "PADV2")
@@ -287,9 +288,11 @@ def strided_slice(ctx: ImportContext, op: FlatOperator) -> None:
         starts.append(s)
         ends.append(e)
     b = ctx.builder
-    y = b.op.Slice(ctx.nhwc(op.inputs[0]), b.ints(starts), b.ints(ends), b.ints(range(len(starts))),
-                   b.ints(strides))
-    b.node("Squeeze" if shrink else "Identity", [y, b.ints(shrink)] if shrink else [y], [ctx.output(op)])
+    inputs = [ctx.nhwc(op.inputs[0]), b.ints(starts), b.ints(ends), b.ints(range(len(starts))), b.ints(strides)]
+    if shrink:
+        b.node("Squeeze", [b.node("Slice", inputs), b.ints(shrink)], [ctx.output(op)])
+    else:
+        b.node("Slice", inputs, [ctx.output(op)])
 
 
 @converts("PACK")

@@ -41,15 +41,27 @@ class SourceRecord:
     sha256: str
     weights: dict[str, WeightSlot]               # initializer name -> its place in the file
     untouched: list[str] = field(default_factory=list)  # constant tensors not written back (integer, quantized)
+    operators: list[list[str]] = field(default_factory=list)  # per TFLite operator, in order: the weights it reads
     skeleton: bytes = b""                        # the file with the weights' bytes zeroed
 
     @classmethod
     def from_file_bytes(cls, fmt: str, file_name: str, data: bytes, weights: dict[str, WeightSlot],
-                        untouched: list[str]) -> SourceRecord:
+                        untouched: list[str], operators: list[list[str]]) -> SourceRecord:
         skeleton = bytearray(data)
         for slot in weights.values():
             skeleton[slot.offset:slot.offset + slot.nbytes] = bytes(slot.nbytes)
-        return cls(fmt, file_name, len(data), hashlib.sha256(data).hexdigest(), weights, untouched, bytes(skeleton))
+        return cls(fmt, file_name, len(data), hashlib.sha256(data).hexdigest(), weights, untouched, operators,
+                   bytes(skeleton))
+
+    def trainable_weights(self, trainable_ops: int) -> list[str]:
+        """The weights of the last ``trainable_ops`` TFLite operators (onert_train's --num_of_trainable_ops;
+        -1 = all), in operator order."""
+        ops = self.operators if trainable_ops < 0 else self.operators[len(self.operators) - trainable_ops:] \
+            if trainable_ops else []
+        if trainable_ops > len(self.operators):
+            raise ValueError(f"trainable_ops={trainable_ops} but {self.file_name} has only {len(self.operators)} "
+                             f"operators")
+        return list(dict.fromkeys(w for op in ops for w in op))
 
     def to_props(self) -> dict[str, str]:
         record = asdict(self)
