@@ -243,7 +243,9 @@ def pad(ctx: ImportContext, op: FlatOperator) -> None:
 def batch_matmul(ctx: ImportContext, op: FlatOperator) -> None:
     b = ctx.builder
     operands = []
-    for i, adjoint in zip(op.inputs, (op.options.AdjX(), op.options.AdjY())):
+    o = op.options  # circle names the same two fields AdjointLhs / AdjointRhs
+    adjoints = (o.AdjX(), o.AdjY()) if hasattr(o, "AdjX") else (o.AdjointLhs(), o.AdjointRhs())
+    for i, adjoint in zip(op.inputs, adjoints):
         x = ctx.nhwc(i)
         if adjoint:
             rank = ctx.rank(i)

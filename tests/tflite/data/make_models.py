@@ -31,8 +31,8 @@ def digits_cnn() -> keras.Model:
     y = layers.Add()([a, b])
     y = layers.Concatenate()([y, x])
     y = layers.MaxPooling2D(2)(y)
-    y = layers.ZeroPadding2D(1)(y)
-    y = layers.Conv2D(16, 3, strides=1, activation="relu", name="conv2")(y)
+    y = layers.ZeroPadding2D(2)(y)  # not foldable into the VALID convolution: stays a PAD
+    y = layers.Conv2D(16, 3, activation="relu", name="conv2")(y)
     y = layers.AveragePooling2D(2)(y)
     g = layers.GlobalAveragePooling2D()(y)
     f = layers.Flatten()(y)
