@@ -1,0 +1,115 @@
+"""import -> generate -> train -> export --format tflite|circle -> LiteRT, against onnxruntime on the exported ONNX."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from onnxtrain import artifacts, blocks
+from onnxtrain.api import CheckpointState, Module, Optimizer
+from onnxtrain.tflite import SourceRecord, import_model
+from onnxtrain.tflite.export import export_flatbuffer
+from onnxtrain.tflite.reader import read_flatbuffer
+from tests.cli.conftest import run_cli
+from tests.tflite.conftest import example_input, run_litert
+
+pytest.importorskip("tflite")
+pytest.importorskip("circle_schema")
+
+
+def _digits(path):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    np.savez(path, x=(d.images[:400] / 16).astype(np.float32)[..., None], y=d.target[:400].astype(np.int64))
+    return np.load(path)
+
+
+def _onnx_outputs(path, x):
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+def _changed_slots(original: bytes, trained: bytes, record: SourceRecord) -> set[str]:
+    """The weights whose bytes differ; fails if any byte outside the weights (and the identifier) differs."""
+    a, b = np.frombuffer(original, np.uint8).copy(), np.frombuffer(trained, np.uint8).copy()
+    changed = set()
+    for name, slot in record.weights.items():
+        span = slice(slot.offset, slot.offset + slot.nbytes)
+        if not np.array_equal(a[span], b[span]):
+            changed.add(name)
+        a[span] = b[span] = 0
+    a[4:8] = b[4:8] = 0
+    assert np.array_equal(a, b), "bytes outside the weight buffers changed"
+    return changed
+
+
+@pytest.mark.parametrize("source,fmt", [("digits_cnn.tflite", "tflite"), ("digits_cnn.circle", "circle"),
+                                        ("digits_cnn.tflite", "circle")])
+def test_cli_round_trip(model_path, tmp_path, source, fmt):
+    data = _digits(tmp_path / "digits.npz")
+    src = model_path(source)
+    out = tmp_path / f"trained.{fmt}"
+    steps = [("import", src, "-o", tmp_path / "model.onnx"),
+             ("generate", tmp_path / "model.onnx", "-o", tmp_path / "art", "--loss", "ce", "--trainable-ops", "3"),
+             ("train", tmp_path / "art", "--data", tmp_path / "digits.npz", "--epochs", "2", "--lr", "0.01",
+              "--progress", "none"),
+             ("export", tmp_path / "art", "--format", fmt, "-o", out),
+             ("export", tmp_path / "art", "-o", tmp_path / "trained.onnx")]
+    printed = {}
+    for step in steps:
+        proc = run_cli(*step, cwd=tmp_path)
+        assert proc.returncode == 0, (step, proc.stderr)
+        printed[step[-1]] = proc.stdout
+    # the shape constants of the Flatten (SHAPE / STRIDED_SLICE / PACK / MEAN axes) are int32: kept as they were
+    assert f"wrote 12 weight tensors into {out} ({fmt}); 5 non-float" in printed[out]
+    trained = out.read_bytes()
+    assert trained[4:8] == {"tflite": b"TFL3", "circle": b"CIR0"}[fmt]
+    x = data["x"][:64]
+    ref = _onnx_outputs(tmp_path / "trained.onnx", x)
+    np.testing.assert_allclose(run_litert(trained, x), ref, rtol=1e-5, atol=1e-5)
+    reimported = import_model(out)  # our reader on the written file agrees too (LiteRT cannot read "CIR0")
+    np.testing.assert_allclose(_onnx_outputs_model(reimported, x), ref, rtol=1e-5, atol=1e-5)
+    # --trainable-ops 3 counts TFLite operators (onert_train's meaning): the two FULLY_CONNECTED layers train
+    record = SourceRecord.from_model(onnx.load(tmp_path / "model.onnx"))
+    assert _changed_slots(src.read_bytes(), trained, record) == set(record.trainable_weights(3))
+    assert len(record.trainable_weights(3)) == 4
+
+
+def _onnx_outputs_model(model, x):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {model.graph.input[0].name: x})[0]
+
+
+def test_onert_mnist_round_trip(model_path, tmp_path):
+    """ONERT's documented MNIST model, trained as its how-to does (MSE, Adam, batch 10), written back."""
+    src = model_path("onert_mnist.tflite")
+    model = import_model(src, tmp_path / "model.onnx")
+    artifacts.generate_artifacts(str(tmp_path / "model.onnx"), requires_grad=None, artifact_directory=tmp_path,
+                                 loss=artifacts.LossType.MSELoss, optimizer=blocks.Adam())
+    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    module = Module(tmp_path / "training_model.onnx", state, tmp_path / "eval_model.onnx")
+    optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    rng = np.random.default_rng(0)
+    x = rng.random((50, 28, 28)).astype(np.float32)
+    y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, 50)]
+    losses = []
+    for step in range(10):
+        module.train()
+        losses.append(float(module(x[step % 5 * 10:][:10], y[step % 5 * 10:][:10])))
+        optimizer.step()
+        module.lazy_reset_grad()
+    assert losses[-1] < losses[0]
+    CheckpointState.save_checkpoint(state, tmp_path / "trained.ckpt")
+    report = export_flatbuffer(tmp_path / "training_model.onnx", tmp_path / "eval_model.onnx",
+                               str(tmp_path / "trained.ckpt"), tmp_path / "trained.tflite",
+                               source=model)  # the imported model carries the flatbuffer too
+    assert report.format == "tflite" and len(report.written) == 4
+    module.export_model_for_inferencing(str(tmp_path / "trained.onnx"))
+    xt = example_input(model, 7)
+    np.testing.assert_allclose(run_litert((tmp_path / "trained.tflite").read_bytes(), xt),
+                               _onnx_outputs(tmp_path / "trained.onnx", xt), rtol=1e-5, atol=1e-5)
+    flat = read_flatbuffer((tmp_path / "trained.tflite").read_bytes())
+    assert [op.code for op in flat.operators] == [op.code for op in read_flatbuffer(src.read_bytes()).operators]

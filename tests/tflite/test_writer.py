@@ -1,0 +1,70 @@
+"""Writing weights back refuses what does not fit, naming the tensor."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxtrain.tflite import SourceRecord, write_back
+from tests.cli.conftest import assert_one_line_error, run_cli
+
+pytest.importorskip("tflite")
+
+
+@pytest.fixture(scope="module")
+def record(model_path):
+    from onnxtrain.tflite import import_model
+
+    return SourceRecord.from_model(import_model(model_path("mlp.tflite")))
+
+
+def _weights(record):
+    return {n: np.zeros(s.shape, np.float32) for n, s in record.weights.items()}
+
+
+def test_unchanged_weights_give_the_original_file(record, model_path, tmp_path):
+    from onnxtrain.tflite.reader import read_flatbuffer
+
+    flat = read_flatbuffer(model_path("mlp.tflite").read_bytes())
+    weights = {n: flat.tensors[[t.name for t in flat.tensors].index(s.tensors[0])].data
+               for n, s in record.weights.items()}
+    write_back(record, weights, tmp_path / "same.tflite")
+    assert (tmp_path / "same.tflite").read_bytes() == model_path("mlp.tflite").read_bytes()
+
+
+def test_missing_weight(record, tmp_path):
+    weights = _weights(record)
+    name = next(iter(weights))
+    del weights[name]
+    with pytest.raises(KeyError, match=f"no tensor '{name}'"):
+        write_back(record, weights, tmp_path / "out.tflite")
+
+
+def test_wrong_shape_and_nan(record, tmp_path):
+    weights = _weights(record)
+    name = next(iter(weights))
+    weights[name] = np.zeros((3, 3), np.float32)
+    with pytest.raises(ValueError, match=rf"'{name}' has shape \[3, 3\], the tflite tensor has"):
+        write_back(record, weights, tmp_path / "out.tflite")
+    weights[name] = np.full(record.weights[name].shape, np.nan, np.float32)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        write_back(record, weights, tmp_path / "out.tflite")
+    assert not (tmp_path / "out.tflite").exists()
+
+
+def test_cli_errors_are_one_line(model_path, tmp_path):
+    bad = tmp_path / "bad.tflite"
+    bad.write_bytes(b"\x00" * 32)
+    assert_one_line_error(run_cli("import", bad, "-o", tmp_path / "m.onnx"), "not a TensorFlow Lite or circle model")
+    assert not (tmp_path / "m.onnx").exists()
+    onnx_model = tmp_path / "mlp.onnx"
+    assert run_cli("import", model_path("mlp.tflite"), "-o", onnx_model).returncode == 0
+    assert_one_line_error(run_cli("generate", onnx_model, "-o", tmp_path / "art", "--loss", "mse",
+                                  "--trainable-ops", "1", "--requires-grad", "x"), "give one of them")
+
+
+def test_a_model_not_imported_has_no_source():
+    model = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []))
+    with pytest.raises(ValueError, match="was not imported from a .tflite or .circle file"):
+        SourceRecord.from_model(model)
