@@ -113,3 +113,18 @@ def test_onert_mnist_round_trip(model_path, tmp_path):
                                _onnx_outputs(tmp_path / "trained.onnx", xt), rtol=1e-5, atol=1e-5)
     flat = read_flatbuffer((tmp_path / "trained.tflite").read_bytes())
     assert [op.code for op in flat.operators] == [op.code for op in read_flatbuffer(src.read_bytes()).operators]
+
+
+def test_export_of_python_generated_artifacts_needs_the_source(model_path, tmp_path):
+    """generate_artifacts (Python) does not copy the record: the export says so, and --source supplies it."""
+    from tests.cli.conftest import assert_one_line_error
+
+    import_model(model_path("mlp.tflite"), tmp_path / "model.onnx")
+    artifacts.generate_artifacts(str(tmp_path / "model.onnx"), requires_grad=None, artifact_directory=tmp_path / "art",
+                                 loss=artifacts.LossType.MSELoss, optimizer=blocks.SGD())
+    out = tmp_path / "trained.tflite"
+    assert_one_line_error(run_cli("export", tmp_path / "art", "--format", "tflite", "-o", out),
+                          "was not imported from a .tflite or .circle file", "--source MODEL.onnx")
+    proc = run_cli("export", tmp_path / "art", "--format", "tflite", "-o", out, "--source", tmp_path / "model.onnx")
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == model_path("mlp.tflite").read_bytes()  # untrained: the same file

@@ -8,7 +8,7 @@ import tempfile
 import onnx
 from onnx import numpy_helper
 
-from onnxtrain.tflite.source import SourceRecord
+from onnxtrain.tflite.source import SourceRecord, has_source
 from onnxtrain.tflite.writer import WriteBackReport, write_back
 
 __all__ = ["export_flatbuffer"]
@@ -27,6 +27,10 @@ def export_flatbuffer(training_model: str | onnx.ModelProto, eval_model: str | o
 
     load = lambda m: onnx.load(m) if isinstance(m, (str, os.PathLike)) else m  # noqa: E731
     training = load(training_model)
+    if source is None and not has_source(training):
+        raise ValueError("the training model was not imported from a .tflite or .circle file, or its artifacts "
+                         "were made without `onnxtrain generate` (which records the source file): pass the model "
+                         "written by `onnxtrain import` with --source MODEL.onnx (source= in Python)")
     record = SourceRecord.from_model(load(source) if source is not None else training,
                                      "the imported model" if source is not None else "the training model")
     module = Module(training, CheckpointState.load_checkpoint(checkpoint), load(eval_model))
