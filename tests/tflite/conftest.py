@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 DATA = Path(__file__).parent / "data"
-MODELS = ["digits_cnn.tflite", "digits_cnn.circle", "mlp.tflite", "mlp.circle", "onert_mnist.tflite"]
+MODELS = ["digits_cnn.tflite", "digits_cnn.circle", "digits_cnn_fp16.tflite", "mlp.tflite", "mlp.circle",
+          "onert_mnist.tflite"]
 
 
 @pytest.fixture(scope="session")

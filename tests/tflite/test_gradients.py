@@ -47,6 +47,7 @@ def _onert_mnist(x, w):
 
 
 CASES = {"digits_cnn.tflite": (_digits_cnn, "ce"), "digits_cnn.circle": (_digits_cnn, "ce"),
+         "digits_cnn_fp16.tflite": (_digits_cnn, "ce"),
          "mlp.circle": (_mlp, "mse"), "onert_mnist.tflite": (_onert_mnist, "mse")}
 
 

@@ -74,3 +74,20 @@ def test_not_a_flatbuffer(tmp_path):
     path.write_bytes(b"\x00" * 16)
     with pytest.raises(ValueError, match="not a TensorFlow Lite or circle model: its file identifier"):
         import_model(path)
+
+
+def test_float16_weights_are_float32_initializers(model_path):
+    """LiteRT's float16 quantization: each weight is stored as float16 and read through a DEQUANTIZE; the import
+    trains it as a float32 initializer named as the float16 tensor, recorded to be written back as float16."""
+    flat = read_flatbuffer(model_path("digits_cnn_fp16.tflite").read_bytes())
+    model = import_model(model_path("digits_cnn_fp16.tflite"))
+    halves = [t for t in flat.tensors if t.type_code == 1 and t.data is not None]
+    assert len(halves) == 12
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    for t in halves:
+        assert inits[t.name].dtype == np.float32
+        np.testing.assert_array_equal(inits[t.name], t.data.astype(np.float32))
+    assert {s.dtype for s in SourceRecord.from_model(model).weights.values()} == {"float16"}
+    assert "DEQUANTIZE" in {op.code for op in flat.operators}
+    assert not [n for n in model.graph.node if n.op_type == "DequantizeLinear" or set(n.input) & set(inits)
+                and n.op_type == "Cast"]

@@ -98,7 +98,7 @@ class ImportContext:
         if t.data is None:
             raise ImportError_(f"tensor {index} ({t.name!r}) is read before any operator writes it and is not "
                                f"a constant or a graph input")
-        if t.is_float:
+        if index in self.weights:
             name = self.weights[index]
         else:
             name = self.builder.const(t.data)

@@ -57,14 +57,15 @@ def _value_info(model: FlatModel, index: int, name: str) -> onnx.ValueInfoProto:
 
 
 def _weights(model: FlatModel) -> tuple[dict[int, str], list[onnx.TensorProto], dict[str, WeightSlot], list[str]]:
-    """Initializers for the float constants: one per buffer (tensors sharing a buffer share the weight)."""
+    """Float32 initializers for the float32 and float16 constants: one per buffer (tensors sharing a buffer
+    share the weight)."""
     by_buffer: dict[int, str] = {}
     names: dict[int, str] = {}
     inits, slots, untouched, taken = [], {}, [], set()
     for t in model.tensors:
         if t.data is None:
             continue
-        if not t.is_float:
+        if not t.is_weight:
             untouched.append(t.name)
             continue
         if t.buffer not in by_buffer:
@@ -72,10 +73,20 @@ def _weights(model: FlatModel) -> tuple[dict[int, str], list[onnx.TensorProto], 
             taken.add(name)
             by_buffer[t.buffer] = name
             inits.append(onnx.numpy_helper.from_array(np.ascontiguousarray(t.data, dtype=np.float32), name))
-            slots[name] = WeightSlot(t.location[0], t.location[1], list(t.shape), [])
+            slots[name] = WeightSlot(t.location[0], t.location[1], list(t.shape), [], np.dtype(t.dtype).name)
         names[t.index] = by_buffer[t.buffer]
         slots[by_buffer[t.buffer]].tensors.append(t.name)
     return names, inits, slots, untouched
+
+
+def _operator_weights(model: FlatModel, weight_names: dict[int, str]) -> list[list[str]]:
+    """The weights each operator reads, in order; a float16 weight counts for the operator reading its
+    DEQUANTIZE, and those DEQUANTIZE operators (weight storage, not computation) are not counted."""
+    stored = {op.outputs[0]: weight_names[op.inputs[0]] for op in model.operators
+              if op.code == "DEQUANTIZE" and op.inputs[0] in weight_names}
+    lookup = {**weight_names, **stored}
+    return [[lookup[i] for i in op.inputs if i in lookup] for op in model.operators
+            if not (op.code == "DEQUANTIZE" and op.outputs[0] in stored)]
 
 
 def convert(model: FlatModel, source: str = "model") -> onnx.ModelProto:
@@ -106,7 +117,7 @@ def convert(model: FlatModel, source: str = "model") -> onnx.ModelProto:
     graph = helper.make_graph(builder.nodes, "tflite", inputs, outputs, initializer=inits + builder.initializers)
     onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="onnxtrain")
     onnx_model.ir_version = 8
-    op_weights = [[weight_names[i] for i in op.inputs if i in weight_names] for op in model.operators]
+    op_weights = _operator_weights(model, weight_names)
     SourceRecord.from_file_bytes(model.format, source, model.data, slots, untouched, op_weights).attach(onnx_model)
     onnx.checker.check_model(onnx_model, full_check=True)
     return onnx_model

@@ -260,6 +260,16 @@ def transpose(ctx: ImportContext, op: FlatOperator) -> None:
     ctx.builder.node("Transpose", [ctx.nhwc(op.inputs[0])], [ctx.output(op)], perm=perm)
 
 
+@converts("DEQUANTIZE")
+def dequantize(ctx: ImportContext, op: FlatOperator) -> None:
+    """Only of a float16 weight (LiteRT's float16 quantization): its output is the float32 initializer itself."""
+    t = ctx.tensor(op.inputs[0])
+    if not (t.is_weight and t.type_code == 1):
+        raise ctx.fail(op, f"only float16 constants can be dequantized, {t.name!r} is not one (quantized models "
+                           f"cannot be imported for training)")
+    ctx.define(op.outputs[0], ctx.nhwc(op.inputs[0]))
+
+
 @converts("SHAPE")
 def shape(ctx: ImportContext, op: FlatOperator) -> None:
     b = ctx.builder

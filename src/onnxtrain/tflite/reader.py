@@ -47,6 +47,11 @@ class FlatTensor:
     def is_float(self) -> bool:
         return self.type_code == 0 and not self.quantized
 
+    @property
+    def is_weight(self) -> bool:
+        """A float32 or float16 constant (float16 ones are LiteRT's "float16 quantization", read via DEQUANTIZE)."""
+        return self.data is not None and self.type_code in (0, 1) and not self.quantized
+
 
 @dataclass
 class FlatOperator:

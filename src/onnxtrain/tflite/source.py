@@ -25,12 +25,14 @@ SKELETON_KEY = "onnxtrain.tflite.skeleton"
 
 @dataclass
 class WeightSlot:
-    """Where one initializer's float32 bytes live in the flatbuffer (all tensors sharing its buffer)."""
+    """Where one initializer's bytes live in the flatbuffer (all tensors sharing its buffer), and their type:
+    float32, or float16 (the trained float32 values are rounded to it on export)."""
 
     offset: int
     nbytes: int
     shape: list[int]
     tensors: list[str]
+    dtype: str = "float32"
 
 
 @dataclass

@@ -29,9 +29,12 @@ class WriteBackReport:
     format: str
     written: list[str]      # initializer names written
     untouched: list[str]    # constant tensors kept as they were (integer or quantized)
+    float16: list[str]      # written weights stored as float16 in the file (rounded from the trained float32)
 
     def summary(self) -> str:
         text = f"wrote {len(self.written)} weight tensors into {self.path} ({self.format})"
+        if self.float16:
+            text += f" ({len(self.float16)} of them rounded to the file's float16)"
         if self.untouched:
             text += f"; {len(self.untouched)} non-float (integer or quantized) constant tensors left as they were"
         return text
@@ -39,7 +42,7 @@ class WriteBackReport:
 
 def write_back(record: SourceRecord, weights: Mapping[str, np.ndarray], output: str | os.PathLike,
                format: str | None = None) -> WriteBackReport:
-    """Write ``weights`` (initializer name -> array, every weight of ``record``) into a copy of the source
+    """Write ``weights`` (initializer name -> float32 array, every weight of ``record``) into a copy of the source
     flatbuffer at ``output``, as ``format`` ("tflite" or "circle"; default: the source's format)."""
     fmt = format or record.format
     if fmt not in IDENTIFIERS:
@@ -56,11 +59,12 @@ def write_back(record: SourceRecord, weights: Mapping[str, np.ndarray], output: 
                              f"has {slot.shape}")
         if not np.all(np.isfinite(value)):
             raise ValueError(f"trained weight {name!r} has NaN or infinite values; not writing {os.fspath(output)}")
-        raw = np.ascontiguousarray(value, dtype="<f4").tobytes()
+        raw = np.ascontiguousarray(value, dtype="<f2" if slot.dtype == "float16" else "<f4").tobytes()
         if len(raw) != slot.nbytes:
             raise ValueError(f"trained weight {name!r} is {len(raw)} bytes, its buffer has {slot.nbytes}")
         data[slot.offset:slot.offset + slot.nbytes] = raw
     data[4:8] = IDENTIFIERS[fmt]
     path = os.fspath(output)
     atomic_write_bytes(path, data)
-    return WriteBackReport(path, fmt, list(record.weights), list(record.untouched))
+    return WriteBackReport(path, fmt, list(record.weights), list(record.untouched),
+                           [n for n, slot in record.weights.items() if slot.dtype == "float16"])

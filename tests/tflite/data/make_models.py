@@ -62,10 +62,14 @@ def onert_mnist() -> keras.Model:
                              layers.Dense(128, activation="relu"), layers.Dense(10)])
 
 
-def convert(model: keras.Model) -> bytes:
+def convert(model: keras.Model, float16: bool = False) -> bytes:
     rng = np.random.default_rng(0)
     model.set_weights([np.round(rng.normal(0, 0.3, w.shape) * 256) / 256 for w in model.get_weights()])
-    return tf.lite.TFLiteConverter.from_keras_model(model).convert()
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    if float16:  # LiteRT's "float16 quantization": float16 weights, each read through a DEQUANTIZE
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.target_spec.supported_types = [tf.float16]
+    return converter.convert()
 
 
 def to_circle(data: bytes) -> bytes:
@@ -89,6 +93,8 @@ def main() -> None:
             f.write(data)
         with open(os.path.join(HERE, f"{name}.circle"), "wb") as f:
             f.write(to_circle(data))
+    with open(os.path.join(HERE, "digits_cnn_fp16.tflite"), "wb") as f:
+        f.write(convert(digits_cnn(), float16=True))
 
 
 if __name__ == "__main__":
