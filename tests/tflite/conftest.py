@@ -10,7 +10,7 @@ import pytest
 
 DATA = Path(__file__).parent / "data"
 MODELS = ["digits_cnn.tflite", "digits_cnn.circle", "digits_cnn_fp16.tflite", "mlp.tflite", "mlp.circle",
-          "onert_mnist.tflite"]
+          "op_zoo.tflite", "onert_mnist.tflite"]
 
 
 @pytest.fixture(scope="session")

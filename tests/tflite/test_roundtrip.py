@@ -88,9 +88,10 @@ def _onnx_outputs_model(model, x):
     return session.run(None, {model.graph.input[0].name: x})[0]
 
 
-def test_onert_mnist_round_trip(model_path, tmp_path):
-    """ONERT's documented MNIST model, trained as its how-to does (MSE, Adam, batch 10), written back."""
-    src = model_path("onert_mnist.tflite")
+@pytest.mark.parametrize("name", ["onert_mnist.tflite", "op_zoo.tflite", "mlp.circle"])
+def test_python_round_trip(model_path, tmp_path, name):
+    """Through the Python API; ONERT's MNIST model trained as its how-to does (MSE, Adam, batch 10)."""
+    src = model_path(name)
     model = import_model(src, tmp_path / "model.onnx")
     artifacts.generate_artifacts(str(tmp_path / "model.onnx"), requires_grad=None, artifact_directory=tmp_path,
                                  loss=artifacts.LossType.MSELoss, optimizer=blocks.Adam())
@@ -98,25 +99,31 @@ def test_onert_mnist_round_trip(model_path, tmp_path):
     module = Module(tmp_path / "training_model.onnx", state, tmp_path / "eval_model.onnx")
     optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
     rng = np.random.default_rng(0)
-    x = rng.random((50, 28, 28)).astype(np.float32)
-    y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, 50)]
+    x = example_input(model, 50)
+    classes = model.graph.output[0].type.tensor_type.shape.dim[1].dim_value
+    y = np.eye(classes, dtype=np.float32)[rng.integers(0, classes, 50)]
     losses = []
-    for step in range(10):
+    for _ in range(10):
         module.train()
-        losses.append(float(module(x[step % 5 * 10:][:10], y[step % 5 * 10:][:10])))
+        losses.append(float(module(x[:10], y[:10])))
         optimizer.step()
         module.lazy_reset_grad()
     assert losses[-1] < losses[0]
     CheckpointState.save_checkpoint(state, tmp_path / "trained.ckpt")
+    out = tmp_path / f"trained.{src.suffix[1:]}"
     report = export_flatbuffer(tmp_path / "training_model.onnx", tmp_path / "eval_model.onnx",
-                               str(tmp_path / "trained.ckpt"), tmp_path / "trained.tflite",
-                               source=model)  # the imported model carries the flatbuffer too
-    assert report.format == "tflite" and len(report.written) == 4
+                               str(tmp_path / "trained.ckpt"), out, source=model)  # the imported model has the file
+    record = SourceRecord.from_model(model)
+    assert report.format == record.format and report.written == list(record.weights)
+    trained = {n for n, p in state.parameters if p.requires_grad}
+    assert _changed_slots(src.read_bytes(), out.read_bytes(), record) == trained  # scalar constants stay
     module.export_model_for_inferencing(str(tmp_path / "trained.onnx"))
     xt = example_input(model, 7)
-    np.testing.assert_allclose(run_litert((tmp_path / "trained.tflite").read_bytes(), xt),
-                               _onnx_outputs(tmp_path / "trained.onnx", xt), rtol=1e-5, atol=1e-5)
-    flat = read_flatbuffer((tmp_path / "trained.tflite").read_bytes())
+    # Trained weights are off the test models' 1/256 grid, so float32 summation order shows: on ONERT's MNIST
+    # model onnxruntime and LiteRT differ by 3e-5, LiteRT's XNNPACK and reference kernels by 1.2e-5.
+    np.testing.assert_allclose(run_litert(out.read_bytes(), xt), _onnx_outputs(tmp_path / "trained.onnx", xt),
+                               rtol=1e-5, atol=1e-4)
+    flat = read_flatbuffer(out.read_bytes())
     assert [op.code for op in flat.operators] == [op.code for op in read_flatbuffer(src.read_bytes()).operators]
 
 

@@ -72,7 +72,7 @@ def _weights(model: FlatModel) -> tuple[dict[int, str], list[onnx.TensorProto], 
             name = t.name if t.name and t.name not in taken else f"{t.name or 'weight'}#{t.index}"
             taken.add(name)
             by_buffer[t.buffer] = name
-            inits.append(onnx.numpy_helper.from_array(np.ascontiguousarray(t.data, dtype=np.float32), name))
+            inits.append(onnx.numpy_helper.from_array(np.asarray(t.data, dtype=np.float32), name))  # keeps 0-d
             slots[name] = WeightSlot(t.location[0], t.location[1], list(t.shape), [], np.dtype(t.dtype).name)
         names[t.index] = by_buffer[t.buffer]
         slots[by_buffer[t.buffer]].tensors.append(t.name)

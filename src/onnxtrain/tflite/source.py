@@ -57,13 +57,13 @@ class SourceRecord:
 
     def trainable_weights(self, trainable_ops: int) -> list[str]:
         """The weights of the last ``trainable_ops`` TFLite operators (onert_train's --num_of_trainable_ops;
-        -1 = all), in operator order."""
-        ops = self.operators if trainable_ops < 0 else self.operators[len(self.operators) - trainable_ops:] \
-            if trainable_ops else []
+        -1 = all), in operator order; scalar constants (a pad value, the 1 in ``1 + x``) are not weights."""
         if trainable_ops > len(self.operators):
             raise ValueError(f"trainable_ops={trainable_ops} but {self.file_name} has only {len(self.operators)} "
                              f"operators")
-        return list(dict.fromkeys(w for op in ops for w in op))
+        ops = self.operators if trainable_ops < 0 else self.operators[len(self.operators) - trainable_ops:] \
+            if trainable_ops else []
+        return list(dict.fromkeys(w for op in ops for w in op if self.weights[w].shape))
 
     def to_props(self) -> dict[str, str]:
         record = asdict(self)

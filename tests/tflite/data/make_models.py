@@ -1,5 +1,8 @@
 """Make the .tflite / .circle test models once (they are committed; tests never run this).
 
+A rerun writes equivalent models, not byte-identical ones (Keras numbers layer names per process and the
+converter's output varies slightly between runs), so commit only the files you meant to change.
+
     python3 -m venv /work/tfvenv && /work/tfvenv/bin/pip install tensorflow-cpu==2.21.0 tflite==2.18.0 \
         circle-schema==0.10.1
     /work/tfvenv/bin/python tests/tflite/data/make_models.py
@@ -55,6 +58,28 @@ def mlp() -> keras.Model:
     return keras.Model(inp, out)
 
 
+def op_zoo() -> keras.Model:
+    """The other converters: strided SAME conv, LEAKY_RELU, LOGISTIC, SAME max pool, PADV2, REDUCE_MAX / SUM /
+    MEAN with and without keep_dims on NCHW values, TRANSPOSE, DIV, MUL, RELU6 / RELU_N1_TO_1, softmax."""
+    inp = keras.Input((9, 9, 3), name="image")
+    x = layers.Conv2D(6, 3, strides=2, padding="same", name="c_s2")(inp)
+    x = layers.LeakyReLU(0.2)(x)
+    y = layers.ZeroPadding2D(2)(x)
+    y = layers.Conv2D(6, 3, activation="sigmoid", name="c_2")(y)
+    y = layers.MaxPooling2D(2, padding="same")(y)
+    z = layers.Lambda(lambda t: tf.pad(t, [[0, 0], [1, 0], [0, 1], [0, 0]], constant_values=0.5))(y)
+    z = layers.Lambda(lambda t: tf.reduce_max(t, axis=[1, 2], keepdims=True))(z)
+    s = layers.Lambda(lambda t: tf.reduce_sum(t, axis=[3], keepdims=True))(y)
+    m = layers.Lambda(lambda t: tf.reduce_mean(t, axis=[2]))(y)
+    m = layers.Lambda(lambda t: tf.transpose(t, [0, 2, 1]))(m)
+    d = layers.Lambda(lambda t: t[0] / (1.0 + t[1] * t[1]))([y, s])
+    f = layers.Lambda(lambda t: tf.squeeze(t, axis=[1, 2]))(z)
+    h = layers.Concatenate()([layers.Flatten()(d), f, layers.Flatten()(m)])
+    h = layers.Dense(8, activation="relu6")(h)
+    h = layers.Lambda(lambda t: tf.clip_by_value(t, -1.0, 1.0))(h)
+    return keras.Model(inp, layers.Lambda(lambda t: tf.nn.softmax(t, axis=-1))(layers.Dense(5)(h)))
+
+
 def onert_mnist() -> keras.Model:
     """ONE's docs/howto "Training a simple CNN model on MNIST using ONERT": Flatten(28x28), Dense(128, relu),
     Dense(10)."""
@@ -95,6 +120,8 @@ def main() -> None:
             f.write(to_circle(data))
     with open(os.path.join(HERE, "digits_cnn_fp16.tflite"), "wb") as f:
         f.write(convert(digits_cnn(), float16=True))
+    with open(os.path.join(HERE, "op_zoo.tflite"), "wb") as f:
+        f.write(convert(op_zoo()))
 
 
 if __name__ == "__main__":
