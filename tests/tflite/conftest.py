@@ -28,18 +28,21 @@ def model_path(tmp_path_factory):
     return path
 
 
-def run_litert(data: bytes, x: np.ndarray) -> np.ndarray:
-    """Run a flatbuffer with LiteRT's interpreter at x's batch size. LiteRT refuses circle's "CIR0" file
-    identifier; a .circle that uses only TFLite's tables and operators (ours) runs with the identifier swapped."""
+def run_litert(data: bytes, *xs: np.ndarray) -> np.ndarray:
+    """Run a flatbuffer with LiteRT's interpreter on ``xs`` (one array per graph input, any batch size).
+    LiteRT refuses circle's "CIR0" file identifier; a .circle that uses only TFLite's tables and operators (ours)
+    runs with the identifier swapped."""
     interpreter_mod = pytest.importorskip("ai_edge_litert.interpreter")
     data = bytearray(data)
     if bytes(data[4:8]) == b"CIR0":
         data[4:8] = b"TFL3"
     interpreter = interpreter_mod.Interpreter(model_content=bytes(data))
-    inp = interpreter.get_input_details()[0]
-    interpreter.resize_tensor_input(inp["index"], list(x.shape))
+    details = interpreter.get_input_details()
+    for d, x in zip(details, xs):
+        interpreter.resize_tensor_input(d["index"], list(x.shape))
     interpreter.allocate_tensors()
-    interpreter.set_tensor(inp["index"], x)
+    for d, x in zip(details, xs):
+        interpreter.set_tensor(d["index"], x)
     interpreter.invoke()
     return interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
 

@@ -201,6 +201,8 @@ def binary(ctx: ImportContext, op: FlatOperator) -> None:
 
 @converts("CONCATENATION")
 def concatenation(ctx: ImportContext, op: FlatOperator) -> None:
+    if op.options.FusedActivationFunction():  # LiteRT's kernel ignores it; the schema says to apply it
+        raise ctx.fail(op, "a fused activation on CONCATENATION is not supported (LiteRT ignores it)")
     rank = ctx.rank(op.outputs[0])
     axis = op.options.Axis() % rank
     nchw = rank == 4 and any(ctx.value(i)[1] == "nchw" for i in op.inputs)
@@ -208,7 +210,7 @@ def concatenation(ctx: ImportContext, op: FlatOperator) -> None:
         parts, axis = [ctx.nchw(i) for i in op.inputs], NHWC_TO_NCHW.index(axis)
     else:
         parts = [ctx.nhwc(i) for i in op.inputs]
-    _emit(ctx, op, "Concat", parts, "nchw" if nchw else "nhwc", axis=axis)
+    ctx.builder.node("Concat", parts, [ctx.output(op, 0, "nchw" if nchw else "nhwc")], axis=axis)
 
 
 @converts("MEAN", "SUM", "REDUCE_MAX")
