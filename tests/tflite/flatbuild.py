@@ -31,6 +31,7 @@ class Graph:
     codes: list = field(default_factory=list)
     inputs: list = field(default_factory=list)
     _index: dict = field(default_factory=dict)
+    _outside: list = field(default_factory=list)
 
     def _tensor(self, name: str, shape, dtype, buffer: int = 0, signature=None) -> int:
         t = _cls("TensorT")()
@@ -45,10 +46,16 @@ class Graph:
         self.inputs.append(self._tensor(name, shape, np.float32, signature=signature))
         return name
 
-    def const(self, name: str, value) -> str:
+    def const(self, name: str, value, outside: bool = False) -> str:
+        """A constant; ``outside=True`` stores its bytes after the flatbuffer (Buffer.offset / size, as models
+        over 2 GB do)."""
         value = np.asarray(value)
         b = _cls("BufferT")()
-        b.data = list(value.tobytes())
+        if outside:
+            b.offset, b.size, b.data = 2, value.nbytes, None  # the real offset is set by build()
+            self._outside.append((b, value.tobytes()))
+        else:
+            b.data = list(value.tobytes())
         self.buffers.append(b)
         self._tensor(name, value.shape, value.dtype, buffer=len(self.buffers) - 1)
         return name
@@ -82,6 +89,21 @@ class Graph:
         sub.outputs = [self._index[o] for o in outputs]
         model = _cls("ModelT")()
         model.version, model.operatorCodes, model.subgraphs, model.buffers = 3, self.codes, [sub], self.buffers
-        builder = flatbuffers.Builder(1024)
-        builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-        return bytes(builder.Output())
+
+        def pack() -> bytes:
+            builder = flatbuffers.Builder(1024)
+            builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+            return bytes(builder.Output())
+
+        data = pack()
+        if not self._outside:
+            return data
+        tail, position = b"", len(data)
+        for b, raw in self._outside:  # same fields present, so packing again keeps the size
+            pad = -(position + len(tail)) % 16
+            tail += bytes(pad)
+            b.offset = position + len(tail)
+            tail += raw
+        data = pack()
+        assert len(data) == position
+        return data + tail

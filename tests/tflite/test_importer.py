@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 
 from onnxtrain.tflite import SourceRecord, import_model
-from onnxtrain.tflite.context import ImportError_
+from onnxtrain.tflite.context import UnsupportedModelError
 from onnxtrain.tflite.importer import convert
 from onnxtrain.tflite.reader import read_flatbuffer
 from tests.tflite.conftest import MODELS, example_input, run_litert
@@ -58,14 +58,15 @@ def test_nhwc_needs_no_transpose_per_op(model_path):
 def test_unsupported_operator_is_named(model_path):
     flat = read_flatbuffer(model_path("mlp.tflite").read_bytes())
     flat.operators[2].code = "SQUARE"
-    with pytest.raises(ImportError_, match=r"cannot import: SQUARE \(supported: .*CONV_2D"):
+    with pytest.raises(UnsupportedModelError, match=r"cannot import: SQUARE \(supported: .*CONV_2D"):
         convert(flat, "mlp.tflite")
 
 
 def test_quantized_model_is_refused_with_tensor_names(model_path):
     flat = read_flatbuffer(model_path("mlp.tflite").read_bytes())
     flat.tensors[3].quantized = True
-    with pytest.raises(ImportError_, match=rf"quantized \(1 quantized tensors: '{flat.tensors[3].name}'\).*float32"):
+    name = flat.tensors[3].name
+    with pytest.raises(UnsupportedModelError, match=rf"quantized \(1 quantized tensors: '{name}'\).*only float"):
         convert(flat, "mlp.tflite")
 
 

@@ -16,13 +16,13 @@ import numpy as np
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.tflite.reader import FlatModel, FlatOperator, FlatTensor
 
-__all__ = ["ImportContext", "ImportError_", "NHWC_TO_NCHW", "NCHW_TO_NHWC"]
+__all__ = ["ImportContext", "UnsupportedModelError", "NHWC_TO_NCHW", "NCHW_TO_NHWC"]
 
 NHWC_TO_NCHW = (0, 3, 1, 2)
 NCHW_TO_NHWC = (0, 2, 3, 1)
 
 
-class ImportError_(ValueError):  # noqa: N801 - not to shadow the builtin ImportError
+class UnsupportedModelError(ValueError):
     """A model the importer cannot convert; the message names the operator or tensor and what was expected."""
 
 
@@ -39,8 +39,8 @@ class ImportContext:
     def rank(self, index: int) -> int:
         return len(self.tensor(index).signature)
 
-    def fail(self, op: FlatOperator, message: str) -> ImportError_:
-        return ImportError_(f"operator {op.index} ({op.code}): {message}")
+    def fail(self, op: FlatOperator, message: str) -> UnsupportedModelError:
+        return UnsupportedModelError(f"operator {op.index} ({op.code}): {message}")
 
     # values ---------------------------------------------------------------------------------------------------
     def define(self, index: int, name: str, layout: str = "nhwc") -> None:
@@ -96,7 +96,7 @@ class ImportContext:
         others (shapes, axes, indices) plain constants."""
         t = self.tensor(index)
         if t.data is None:
-            raise ImportError_(f"tensor {index} ({t.name!r}) is read before any operator writes it and is not "
+            raise UnsupportedModelError(f"tensor {index} ({t.name!r}) is read before any operator writes it and is not "
                                f"a constant or a graph input")
         if index in self.weights:
             name = self.weights[index]

@@ -15,7 +15,7 @@ import onnx
 from onnx import helper
 
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.tflite.context import ImportContext, ImportError_
+from onnxtrain.tflite.context import ImportContext, UnsupportedModelError
 from onnxtrain.tflite.ops import CONVERTERS
 from onnxtrain.tflite.reader import FlatModel, read_flatbuffer
 from onnxtrain.tflite.source import SourceRecord, WeightSlot
@@ -31,23 +31,25 @@ def _check_float(model: FlatModel, source: str) -> None:
     if quantized:
         shown = ", ".join(repr(n) for n in quantized[:3]) + (f" and {len(quantized) - 3} more" if len(quantized) > 3
                                                              else "")
-        raise ImportError_(f"{source} is quantized ({len(quantized)} quantized tensors: {shown}); only float32 "
-                           f"models can be imported for training: convert the float model without optimizations")
+        raise UnsupportedModelError(f"{source} is quantized ({len(quantized)} quantized tensors: {shown}); only "
+                                    f"float models can be imported for training: convert the float model without "
+                                    f"optimizations")
     sparse = [t.name for t in model.tensors if t.sparse]
     if sparse:
-        raise ImportError_(f"{source} has sparse tensors ({', '.join(repr(n) for n in sparse[:3])}); densify them")
+        raise UnsupportedModelError(f"{source} has sparse tensors ({', '.join(repr(n) for n in sparse[:3])}); "
+                                    f"densify them")
     for index in model.inputs + model.outputs:
         t = model.tensors[index]
         if t.type_code != 0:
             kind = np.dtype(t.dtype).name if t.dtype else f"TensorType {t.type_code}"
-            raise ImportError_(f"{source}: graph input/output {t.name!r} is {kind}, expected float32")
+            raise UnsupportedModelError(f"{source}: graph input/output {t.name!r} is {kind}, expected float32")
 
 
 def _unsupported(model: FlatModel, source: str) -> None:
     missing = sorted({op.code for op in model.operators if op.code not in CONVERTERS})
     if missing:
-        raise ImportError_(f"{source} uses operators onnxtrain cannot import: {', '.join(missing)} (supported: "
-                           f"{', '.join(sorted(CONVERTERS))}; see docs/tflite.md)")
+        raise UnsupportedModelError(f"{source} uses operators onnxtrain cannot import: {', '.join(missing)} "
+                                    f"(supported: {', '.join(sorted(CONVERTERS))}; see docs/tflite.md)")
 
 
 def _value_info(model: FlatModel, index: int, name: str) -> onnx.ValueInfoProto:
@@ -94,7 +96,7 @@ def convert(model: FlatModel, source: str = "model") -> onnx.ModelProto:
     _check_float(model, source)
     _unsupported(model, source)
     if model.subgraphs > 1:
-        raise ImportError_(f"{source} has {model.subgraphs} subgraphs (control flow or several signatures); "
+        raise UnsupportedModelError(f"{source} has {model.subgraphs} subgraphs (control flow or several signatures); "
                            f"only single-subgraph models are supported")
     weight_names, inits, slots, untouched = _weights(model)
     io_names = [model.tensors[i].name for i in model.inputs + model.outputs]
