@@ -96,8 +96,8 @@ class ImportContext:
         others (shapes, axes, indices) plain constants."""
         t = self.tensor(index)
         if t.data is None:
-            raise UnsupportedModelError(f"tensor {index} ({t.name!r}) is read before any operator writes it and is not "
-                               f"a constant or a graph input")
+            raise UnsupportedModelError(f"tensor {index} ({t.name!r}) is read before any operator writes it and is "
+                                        f"not a constant or a graph input")
         if index in self.weights:
             name = self.weights[index]
         else:

@@ -96,8 +96,8 @@ def convert(model: FlatModel, source: str = "model") -> onnx.ModelProto:
     _check_float(model, source)
     _unsupported(model, source)
     if model.subgraphs > 1:
-        raise UnsupportedModelError(f"{source} has {model.subgraphs} subgraphs (control flow or several signatures); "
-                           f"only single-subgraph models are supported")
+        raise UnsupportedModelError(f"{source} has {model.subgraphs} subgraphs (control flow or several "
+                                    f"signatures); only single-subgraph models are supported")
     weight_names, inits, slots, untouched = _weights(model)
     io_names = [model.tensors[i].name for i in model.inputs + model.outputs]
     builder = GraphBuilder(OPSET, taken=[i.name for i in inits] + io_names)

@@ -122,7 +122,7 @@ def _flat_input(ctx: ImportContext, index: int) -> str:
     name, layout = ctx.value(index)
     if layout == "nchw" and not ctx.has(index, "nhwc"):
         _, h, w, c = t.signature
-        if (h == 1 and w == 1) or c == 1:
+        if min(h, w, c) > 0 and (h == w == 1 or c == 1):
             return ctx.builder.op.Reshape(name, ctx.builder.ints([0, h, w, c]))
     return ctx.nhwc(index)
 
