@@ -8,10 +8,10 @@ import pytest
 
 from onnxtrain.tflite.importer import convert
 from onnxtrain.tflite.reader import read_flatbuffer
+from tests.tflite import flatbuild
 from tests.tflite.conftest import run_litert
 
 pytest.importorskip("circle_schema")
-flatbuild = pytest.importorskip("tests.tflite.flatbuild")
 
 RNG = np.random.default_rng(0)
 SAME, VALID = 0, 1
