@@ -25,6 +25,7 @@ _INT64_MAX = np.iinfo(np.int64).max
 
 
 def converts(*codes: str) -> Callable[[Converter], Converter]:
+    """Register the decorated function as the converter of the TFLite operators ``codes``."""
     def register(fn: Converter) -> Converter:
         for code in codes:
             if code in CONVERTERS:

@@ -55,6 +55,8 @@ class FlatTensor:
 
 @dataclass
 class FlatOperator:
+    """One operator of the subgraph, with its builtin options object."""
+
     index: int
     code: str                       # BuiltinOperator name, e.g. "CONV_2D"; "CUSTOM:<name>" for custom ops
     inputs: list[int]               # -1 = optional input left out
@@ -64,6 +66,8 @@ class FlatOperator:
 
 @dataclass
 class FlatModel:
+    """The first subgraph of a parsed file, and the file's bytes."""
+
     format: str                     # "tflite" or "circle"
     data: bytes
     tensors: list[FlatTensor]

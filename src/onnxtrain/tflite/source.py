@@ -95,5 +95,6 @@ class SourceRecord:
 
 
 def has_source(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` carries a flatbuffer record (it was imported, or generated from an imported model)."""
     return any(p.key == RECORD_KEY for p in model.metadata_props)
 
