@@ -7,7 +7,6 @@ import onnx
 import pytest
 
 from onnxtrain.tflite import SourceRecord, write_back
-from tests.cli.conftest import assert_one_line_error, run_cli
 
 pytest.importorskip("tflite")
 
@@ -51,17 +50,6 @@ def test_wrong_shape_and_nan(record, tmp_path):
     with pytest.raises(ValueError, match="NaN or infinite"):
         write_back(record, weights, tmp_path / "out.tflite")
     assert not (tmp_path / "out.tflite").exists()
-
-
-def test_cli_errors_are_one_line(model_path, tmp_path):
-    bad = tmp_path / "bad.tflite"
-    bad.write_bytes(b"\x00" * 32)
-    assert_one_line_error(run_cli("import", bad, "-o", tmp_path / "m.onnx"), "not a TensorFlow Lite or circle model")
-    assert not (tmp_path / "m.onnx").exists()
-    onnx_model = tmp_path / "mlp.onnx"
-    assert run_cli("import", model_path("mlp.tflite"), "-o", onnx_model).returncode == 0
-    assert_one_line_error(run_cli("generate", onnx_model, "-o", tmp_path / "art", "--loss", "mse",
-                                  "--trainable-ops", "1", "--requires-grad", "x"), "give one of them")
 
 
 def test_a_model_not_imported_has_no_source():
