@@ -15,7 +15,7 @@ from onnxtrain import __version__
 
 __all__ = ["main", "build_parser"]
 
-_COMMANDS = ("import", "generate", "train", "eval", "export", "info", "data", "ops", "demo", "federated")
+_COMMANDS = ("generate", "train", "eval", "export", "info", "data", "ops", "demo", "federated")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,7 +45,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from onnxtrain.cli import datafile, evaluate, export, generate, importer, info, ops, train
+    from onnxtrain.cli import datafile, evaluate, export, generate, info, ops, train
     from onnxtrain.federated import cli as federated  # imports no Flower until the command runs
 
     common = argparse.ArgumentParser(add_help=False)
@@ -56,8 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog="Start with `onnxtrain demo`; see `onnxtrain COMMAND --help` for each command.")
     parser.add_argument("--version", action="version", version=f"onnxtrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (importer, generate, train, evaluate, export, info, datafile, ops, federated):
+    for module in (generate, train, evaluate, export, info, datafile, ops, federated):
         module.add_parser(sub)
+    from onnxtrain.cli import importer  # .tflite / .circle (imports no schema package until the command runs)
+    importer.add_parser(sub)
     _add_demo(sub)
     for action in sub.choices.values():  # --debug after the command works too
         action.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
