@@ -140,3 +140,27 @@ def test_export_of_python_generated_artifacts_needs_the_source(model_path, tmp_p
     proc = run_cli("export", tmp_path / "art", "--format", "tflite", "-o", out, "--source", tmp_path / "model.onnx")
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes() == model_path("mlp.tflite").read_bytes()  # untrained: the same file
+
+
+def test_lora_adapters_are_merged_into_the_flatbuffer(model_path, tmp_path):
+    """A flatbuffer has no place for adapters: the export folds them into the weights they adapt."""
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "data.npz", x=rng.normal(size=(64, 64)).astype(np.float32),
+             y=rng.random((64, 10)).astype(np.float32))
+    src = model_path("mlp.tflite")
+    steps = [("import", src, "-o", tmp_path / "model.onnx"),
+             ("generate", tmp_path / "model.onnx", "-o", tmp_path / "art", "--loss", "mse", "--lora-rank", "2",
+              "--lora-targets", "*fc1_1/MatMul"),
+             ("train", tmp_path / "art", "--data", tmp_path / "data.npz", "--epochs", "2", "--lr", "0.05",
+              "--progress", "none"),
+             ("export", tmp_path / "art", "--format", "tflite", "-o", tmp_path / "trained.tflite"),
+             ("export", tmp_path / "art", "--merge-adapters", "-o", tmp_path / "trained.onnx")]
+    for step in steps:
+        proc = run_cli(*step, cwd=tmp_path)
+        assert proc.returncode == 0, (step, proc.stderr)
+    record = SourceRecord.from_model(onnx.load(tmp_path / "model.onnx"))
+    changed = _changed_slots(src.read_bytes(), (tmp_path / "trained.tflite").read_bytes(), record)
+    assert changed == {n for n in record.weights if n.endswith("fc1_1/MatMul")}  # the adapted weight only
+    x = rng.normal(size=(5, 64)).astype(np.float32)
+    np.testing.assert_allclose(run_litert((tmp_path / "trained.tflite").read_bytes(), x),
+                               _onnx_outputs(tmp_path / "trained.onnx", x), rtol=1e-5, atol=1e-5)

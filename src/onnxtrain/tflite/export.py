@@ -8,6 +8,7 @@ import tempfile
 import onnx
 from onnx import numpy_helper
 
+from onnxtrain.lora.config import LoRAMeta
 from onnxtrain.tflite.source import SourceRecord, has_source
 from onnxtrain.tflite.writer import WriteBackReport, write_back
 
@@ -21,7 +22,7 @@ def export_flatbuffer(training_model: str | onnx.ModelProto, eval_model: str | o
 
     The flatbuffer comes from ``source`` (the imported ONNX model) if given, else from the training model's
     metadata (`onnxtrain generate` puts it there). Every weight goes through the exported inference model,
-    so frozen and trained weights alike are written.
+    so frozen and trained weights alike are written, and LoRA adapters are merged into theirs.
     """
     from onnxtrain.api import CheckpointState, Module
 
@@ -33,10 +34,12 @@ def export_flatbuffer(training_model: str | onnx.ModelProto, eval_model: str | o
                          "written by `onnxtrain import` with --source MODEL.onnx (source= in Python)")
     record = SourceRecord.from_model(load(source) if source is not None else training,
                                      "the imported model" if source is not None else "the training model")
-    module = Module(training, CheckpointState.load_checkpoint(checkpoint), load(eval_model))
+    evaluation = load(eval_model)
+    module = Module(training, CheckpointState.load_checkpoint(checkpoint), evaluation)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.onnx")
-        module.export_model_for_inferencing(path)
+        # LoRA adapters are folded into their weights: the flatbuffer has only the base weights' buffers
+        module.export_model_for_inferencing(path, merge_adapters=LoRAMeta.from_model(evaluation) is not None)
         exported = onnx.load(path)
     weights = {i.name: numpy_helper.to_array(i) for i in exported.graph.initializer if i.name in record.weights}
     return write_back(record, weights, output, format)
