@@ -113,15 +113,21 @@ def _constant(data: bytes, buf, tensor: FlatTensor) -> None:
     if buf.Offset() > 1:
         start, size = int(buf.Offset()), int(buf.Size())
     else:
+        # The generated classes give the bytes but not where they are; their flatbuffers Table does.
         slot = buf._tab.Offset(4)  # the `data` vector's vtable slot; 0 = no data (not a constant)
         if not slot:
             return
         start, size = buf._tab.Vector(slot), buf._tab.VectorLen(slot)
     if size == 0 or tensor.dtype is None:
         return
+    dtype = np.dtype(tensor.dtype).newbyteorder("<")
+    if size != dtype.itemsize * int(np.prod(tensor.shape)) or start + size > len(data):
+        raise ValueError(f"tensor {tensor.index} ({tensor.name!r}): its buffer has {size} bytes at offset {start}, "
+                         f"its shape {list(tensor.shape)} of {dtype.name} needs "
+                         f"{dtype.itemsize * int(np.prod(tensor.shape))} (the file has {len(data)} bytes)")
     tensor.location = (start, size)
-    tensor.data = np.frombuffer(data, dtype=np.dtype(tensor.dtype).newbyteorder("<"), count=size //
-                                np.dtype(tensor.dtype).itemsize, offset=start).reshape(tensor.shape).copy()
+    tensor.data = np.frombuffer(data, dtype=dtype, count=size // dtype.itemsize, offset=start).reshape(
+        tensor.shape).astype(tensor.dtype)
 
 
 def read_flatbuffer(data: bytes, source: str = "model") -> FlatModel:
