@@ -26,3 +26,11 @@ def test_import_without_the_schema_package_says_what_to_install(model_path, tmp_
     assert_one_line_error(proc, "needs the `tflite` package", "pip install 'onnxtrain[tflite]'")
     proc = run_cli("import", model_path("mlp.circle"), "-o", tmp_path / "m.onnx", env_path=hidden)
     assert_one_line_error(proc, "needs the `circle-schema` package")
+
+
+@pytest.mark.parametrize("keep", [3000, 20000])
+def test_truncated_file(model_path, tmp_path, keep):
+    bad = tmp_path / "cut.tflite"
+    bad.write_bytes(model_path("mlp.tflite").read_bytes()[:keep])
+    assert_one_line_error(run_cli("import", bad, "-o", tmp_path / "m.onnx"), "is not a valid tflite file: it is "
+                          "truncated or corrupt")

@@ -8,6 +8,7 @@ classes have the same names and fields. This module is only used by the importer
 from __future__ import annotations
 
 import importlib
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +139,13 @@ def read_flatbuffer(data: bytes, source: str = "model") -> FlatModel:
                          f"expected one of {', '.join(repr(k) for k in FORMATS)}")
     fmt, package, pip_name = FORMATS[ident]
     schema = _Schema(package, pip_name)
+    try:
+        return _parse(data, fmt, schema, source)
+    except (struct.error, IndexError, UnicodeDecodeError, OverflowError) as exc:  # Python flatbuffers has no verifier
+        raise ValueError(f"{source} is not a valid {fmt} file: it is truncated or corrupt ({exc})") from None
+
+
+def _parse(data: bytes, fmt: str, schema: _Schema, source: str) -> FlatModel:
     model = schema.cls("Model").GetRootAs(data, 0)
     if model.SubgraphsLength() < 1:
         raise ValueError(f"{source} has no subgraph")
