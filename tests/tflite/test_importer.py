@@ -92,3 +92,28 @@ def test_float16_weights_are_float32_initializers(model_path):
     assert "DEQUANTIZE" in {op.code for op in flat.operators}
     assert not [n for n in model.graph.node if n.op_type == "DequantizeLinear" or set(n.input) & set(inits)
                 and n.op_type == "Cast"]
+
+
+def test_shared_buffers_and_duplicate_names():
+    """Tensors sharing a buffer share one initializer (trained once, written once); a repeated tensor name gets
+    the tensor index."""
+    from tests.tflite.conftest import run_litert
+    from tests.tflite.flatbuild import Graph
+
+    rng = np.random.default_rng(0)
+    g = Graph()
+    x = g.input("x", [1, 4])
+    h = g.op("FULLY_CONNECTED", [x, g.const("w", rng.normal(size=(4, 4)).astype(np.float32)), None], "h", [1, 4],
+             "FullyConnectedOptions")
+    y = g.op("FULLY_CONNECTED", [h, g.const("w2", np.zeros((4, 4), np.float32)), None], "y", [1, 4],
+             "FullyConnectedOptions")
+    z = g.op("ADD", [y, g.const("w", rng.normal(size=4).astype(np.float32))], "z", [1, 4], "AddOptions")
+    g.tensors[3].buffer = g.tensors[1].buffer  # "w2" reads the buffer of the first "w"
+    data = g.build([z])
+    model = convert(read_flatbuffer(data), "shared")
+    record = SourceRecord.from_model(model)
+    assert sorted(record.weights) == ["w", "w#5"]
+    assert record.weights["w"].tensors == ["w", "w2"]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    xs = rng.normal(size=(3, 4)).astype(np.float32)
+    np.testing.assert_allclose(session.run(None, {"x": xs})[0], run_litert(data, xs), rtol=1e-5, atol=1e-5)
