@@ -1,1 +1,1 @@
-"""The `onnxtrain` command: generate, train, eval, export, info, data, ops and demo (see `onnxtrain --help`)."""
+"""The `onnxtrain` command: import, generate, train, eval, export, info, data, ops and demo (see `onnxtrain --help`)."""

@@ -1,7 +1,9 @@
 """`onnxtrain export DIR -o model.onnx`: an inference model with the trained weights inside.
 
 The exported model is plain ONNX (no loss, no labels); it is checked by loading it into an
-onnxruntime.InferenceSession before the command reports success.
+onnxruntime.InferenceSession before the command reports success. For a model imported from a .tflite or
+.circle file, `--format tflite|circle -o trained.tflite` writes the trained weights into a copy of that
+file instead (same graph and operators; the file travels in the artifacts' metadata).
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ def add_parser(sub) -> None:
                    help="which weights (default: the last training checkpoint, else the initial one)")
     p.add_argument("--prefix", default="", help="the file-name prefix given to generate")
     p.add_argument("--merge-adapters", action="store_true", help="fold LoRA adapters into their weights")
+    p.add_argument("--format", choices=("onnx", "tflite", "circle"), default="onnx",
+                   help="onnx (default), or for a model imported from .tflite/.circle: that flatbuffer with the "
+                        "trained weights")
+    p.add_argument("--source", metavar="MODEL.onnx", help="with --format tflite|circle: the model written by "
+                   "`onnxtrain import` (default: the flatbuffer recorded in the artifacts)")
     p.add_argument("--adapter", action="store_true", help="write only the LoRA adapters (and other trained "
                    "tensors) as a Hugging Face PEFT folder: adapter_model.safetensors + adapter_config.json")
     p.set_defaults(run=run)
@@ -46,6 +53,13 @@ def run(args: argparse.Namespace) -> int:
     folder = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"cannot write {args.output}: the folder {folder} does not exist")
+    if args.format != "onnx":
+        from onnxtrain.tflite.export import export_flatbuffer
+
+        source = read_model(args.source, "imported model") if args.source else None
+        report = export_flatbuffer(artifacts.training, artifacts.eval, checkpoint, args.output, args.format, source)
+        print(f"{report.summary()} from {checkpoint}")
+        return 0
     state = CheckpointState.load_checkpoint(checkpoint)
     module = Module(read_model(artifacts.training, "training model"), state, read_model(artifacts.eval, "eval model"))
     module.export_model_for_inferencing(args.output, args.outputs, merge_adapters=args.merge_adapters)

@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module in (generate, train, evaluate, export, info, datafile, ops, federated):
         module.add_parser(sub)
+    from onnxtrain.cli import importer  # .tflite / .circle (imports no schema package until the command runs)
+    importer.add_parser(sub)
     _add_demo(sub)
     web_demo.add_parser(sub)
     for action in sub.choices.values():  # --debug after the command works too
