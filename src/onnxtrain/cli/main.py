@@ -15,8 +15,6 @@ from onnxtrain import __version__
 
 __all__ = ["main", "build_parser"]
 
-_COMMANDS = ("generate", "train", "eval", "export", "info", "data", "ops", "demo", "federated", "web-demo")
-
 
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line that points to the help."""
@@ -45,7 +43,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from onnxtrain.cli import datafile, evaluate, export, generate, info, ops, train, web_demo
+    from onnxtrain.cli import datafile, evaluate, export, generate, importer, info, ops, train, web_demo
     from onnxtrain.federated import cli as federated  # imports no Flower until the command runs
 
     common = argparse.ArgumentParser(add_help=False)
@@ -56,10 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog="Start with `onnxtrain demo`; see `onnxtrain COMMAND --help` for each command.")
     parser.add_argument("--version", action="version", version=f"onnxtrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in (generate, train, evaluate, export, info, datafile, ops, federated):
+    for module in (generate, train, evaluate, export, info, datafile, ops, federated, importer):
         module.add_parser(sub)
-    from onnxtrain.cli import importer  # .tflite / .circle (imports no schema package until the command runs)
-    importer.add_parser(sub)
     _add_demo(sub)
     web_demo.add_parser(sub)
     for action in sub.choices.values():  # --debug after the command works too
