@@ -127,17 +127,20 @@ def test_python_round_trip(model_path, tmp_path, name):
     assert [op.code for op in flat.operators] == [op.code for op in read_flatbuffer(src.read_bytes()).operators]
 
 
-def test_export_of_python_generated_artifacts_needs_the_source(model_path, tmp_path):
-    """generate_artifacts (Python) does not copy the record: the export says so, and --source supplies it."""
-    from tests.cli.conftest import assert_one_line_error
-
-    import_model(model_path("mlp.tflite"), tmp_path / "model.onnx")
-    artifacts.generate_artifacts(str(tmp_path / "model.onnx"), requires_grad=None, artifact_directory=tmp_path / "art",
-                                 loss=artifacts.LossType.MSELoss, optimizer=blocks.SGD())
+def test_python_generated_artifacts_carry_the_source_and_count_tflite_operators(model_path, tmp_path):
+    """generate_artifacts (Python) keeps the source record, as the CLI does: the export needs nothing else, and
+    trainable_ops counts TFLite operators (onert_train's --num_of_trainable_ops)."""
+    onnx_model = import_model(model_path("mlp.tflite"), tmp_path / "model.onnx")
+    record = SourceRecord.from_model(onnx_model)
+    paths = artifacts.generate_artifacts(str(tmp_path / "model.onnx"), trainable_ops=1,
+                                         artifact_directory=tmp_path / "art", loss=artifacts.LossType.MSELoss,
+                                         optimizer=blocks.SGD())
+    state = CheckpointState.load_checkpoint(paths["checkpoint"])
+    assert sorted(n for n, p in state.parameters if p.requires_grad) == sorted(record.trainable_weights(1))
+    training = onnx.load(paths["training"])
+    assert any(p.key == "onnxtrain.tflite.source" for p in training.metadata_props)
     out = tmp_path / "trained.tflite"
-    assert_one_line_error(run_cli("export", tmp_path / "art", "--format", "tflite", "-o", out),
-                          "was not imported from a .tflite or .circle file", "--source MODEL.onnx")
-    proc = run_cli("export", tmp_path / "art", "--format", "tflite", "-o", out, "--source", tmp_path / "model.onnx")
+    proc = run_cli("export", tmp_path / "art", "--format", "tflite", "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes() == model_path("mlp.tflite").read_bytes()  # untrained: the same file
 

@@ -242,7 +242,7 @@ def float64_gradients(run: Run, inputs, labels) -> dict[str, np.ndarray]:
     widen = lambda a: a.astype(np.float64) if a.dtype == np.float32 else a  # noqa: E731
     values = {n: widen(p.data) for n, p in state.parameters}
     values.update({n: widen(np.asarray(b)) for n, b in state.buffers.items()})
-    values.update({grad_buffer_name(n): np.zeros(p.shape) for n, p in state.parameters if p.requires_grad})
+    values.update({grad_buffer_name(n): np.zeros(p.data.shape) for n, p in state.parameters if p.requires_grad})
     values[LAZY_RESET_GRAD] = np.array(True)
     data = iter([*inputs, labels])
     feeds = {i.name: values[i.name] if i.name in values else widen(next(data)) for i in model.graph.input}

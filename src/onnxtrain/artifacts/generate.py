@@ -110,6 +110,7 @@ def generate_artifacts(
         return plan, graphs
 
     source = load_source_model(model)
+    requires_grad, trainable_ops = _flatbuffer_operators(source.model, requires_grad, trainable_ops)
     try:  # at the model's own opset, as the peer; some gradients need ops of newer opsets
         plan, graphs = build(source)
     except UnsupportedOpError as exc:
@@ -119,6 +120,10 @@ def generate_artifacts(
         source = load_source_model(model, min_opset=MIN_OPSET)
         plan, graphs = build(source)
 
+    # A model imported from .tflite/.circle carries its source file: the training model keeps it, so that the
+    # trained weights can be written back from the artifacts alone (`onnxtrain export --format tflite`).
+    graphs.training.metadata_props.extend(p for p in source.model.metadata_props
+                                          if p.key.startswith(FLATBUFFER_PREFIX))
     out_dir = os.fspath(artifact_directory or os.getcwd())
     os.makedirs(out_dir, exist_ok=True)
     paths = {kind: os.path.join(out_dir, artifact_file(kind, prefix)) for kind in ("training", "eval")}
@@ -146,6 +151,22 @@ def generate_artifacts(
     if ort_format:
         convert_to_ort([paths[k] for k in models])
     return paths
+
+
+FLATBUFFER_PREFIX = "onnxtrain.tflite."
+
+
+def _flatbuffer_operators(model: onnx.ModelProto, requires_grad, trainable_ops: int):
+    """(requires_grad, trainable_ops) for ``model``: one imported from .tflite/.circle counts ``trainable_ops``
+    in TFLite operators, as onert_train's --num_of_trainable_ops does, not in ONNX nodes."""
+    if trainable_ops < 0 or not any(p.key == FLATBUFFER_PREFIX + "source" for p in model.metadata_props):
+        return requires_grad, trainable_ops
+    if requires_grad:
+        raise ValueError("trainable_ops and requires_grad were both given for a model imported from .tflite/.circle;"
+                         " give one of them")
+    from onnxtrain.tflite.source import SourceRecord
+
+    return SourceRecord.from_model(model).trainable_weights(trainable_ops), -1
 
 
 def convert_to_ort(model_paths: list[str]) -> None:

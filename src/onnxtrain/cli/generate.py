@@ -137,28 +137,17 @@ def run(args: argparse.Namespace) -> int:
         additional = list(args.loss_inputs or outputs[:1])
     else:
         additional = list(args.additional_outputs)
-    requires_grad, trainable_ops = args.requires_grad, args.trainable_ops
-    if trainable_ops >= 0 and any(p.key == "onnxtrain.tflite.source" for p in model.metadata_props):
-        from onnxtrain.tflite.source import SourceRecord  # count TFLite operators, as onert_train does
-
-        if requires_grad:
-            raise CliError("--trainable-ops with --requires-grad: give one of them for a model imported from "
-                           ".tflite/.circle")
-        requires_grad, trainable_ops = SourceRecord.from_model(model).trainable_weights(trainable_ops), -1
     paths = generate_artifacts(
-        args.model, requires_grad=requires_grad, frozen_params=args.frozen, loss=loss_block(args),
+        args.model, requires_grad=args.requires_grad, frozen_params=args.frozen, loss=loss_block(args),
         optimizer=optimizer_block(args), artifact_directory=args.output, prefix=args.prefix, ort_format=False,
         additional_output_names=additional or None, nominal_checkpoint=args.nominal,
-        loss_input_names=args.loss_inputs, trainable_ops=trainable_ops, lora=lora_config(args))
-    tflite_source = [p for p in model.metadata_props if p.key.startswith("onnxtrain.tflite.")]
-    if config or tflite_source:  # the flatbuffer imported from goes along for `export --format tflite|circle`
+        loss_input_names=args.loss_inputs, trainable_ops=args.trainable_ops, lora=lora_config(args))
+    if config:
         training = read_model(paths["training"], "training model")
         for prop in list(training.metadata_props):
             if prop.key == TRAIN_CONFIG_KEY:
                 training.metadata_props.remove(prop)
-        if config:
-            training.metadata_props.add(key=TRAIN_CONFIG_KEY, value=json.dumps(config))
-        training.metadata_props.extend(tflite_source)
+        training.metadata_props.add(key=TRAIN_CONFIG_KEY, value=json.dumps(config))
         atomic_write_bytes(paths["training"], training.SerializeToString())
     if args.ort_format:
         convert_to_ort([paths[k] for k in ("training", "eval", "optimizer") if k in paths])

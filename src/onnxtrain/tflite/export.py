@@ -29,9 +29,9 @@ def export_flatbuffer(training_model: str | onnx.ModelProto, eval_model: str | o
     load = lambda m: onnx.load(m) if isinstance(m, (str, os.PathLike)) else m  # noqa: E731
     training = load(training_model)
     if source is None and not has_source(training):
-        raise ValueError("the training model was not imported from a .tflite or .circle file, or its artifacts "
-                         "were made without `onnxtrain generate` (which records the source file): pass the model "
-                         "written by `onnxtrain import` with --source MODEL.onnx (source= in Python)")
+        raise ValueError("the training model was not imported from a .tflite or .circle file (its artifacts hold "
+                         "no record of one; generation copies it from the model `onnxtrain import` writes): pass "
+                         "that model with --source MODEL.onnx (source= in Python)")
     record = SourceRecord.from_model(load(source) if source is not None else training,
                                      "the imported model" if source is not None else "the training model")
     evaluation = load(eval_model)
