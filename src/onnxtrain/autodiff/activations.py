@@ -1,9 +1,13 @@
-"""Gradients of activation functions. Each rule is dX = dY * f'(x), with f' written from x or the output y."""
+"""Gradients of activation functions. Each rule is dX = dY * f'(x), with f' written from x or the output y;
+Softmax and LogSoftmax, whose Jacobian mixes the axis, are here too.
+"""
 
 from __future__ import annotations
 
+import math
+
 from onnxtrain.autodiff.context import GradContext
-from onnxtrain.autodiff.registry import register
+from onnxtrain.autodiff.registry import register, register_zero_gradient
 
 
 def _scaled(ctx: GradContext, slope: str):
@@ -113,3 +117,76 @@ def prelu(ctx: GradContext):
     dx = op.Where(positive, dy, op.Mul(dy, slope))
     dslope = op.Where(positive, zero, op.Mul(dy, x))
     return dx, ctx.unbroadcast(dslope, slope)
+
+
+@register("Softmax")
+def softmax(ctx: GradContext):
+    """dX = y * (dY - sum(dY * y))  along the softmax axis."""
+    y, dy = ctx.y[0], ctx.dy[0]
+    axis = ctx.attr("axis", -1)
+    s = ctx.b.reduce("ReduceSum", ctx.op.Mul(dy, y), [axis], keepdims=True)
+    return (ctx.op.Mul(y, ctx.op.Sub(dy, s)),)
+
+
+@register("LogSoftmax")
+def log_softmax(ctx: GradContext):
+    """dX = dY - softmax(x) * sum(dY)  along the axis."""
+    y, dy = ctx.y[0], ctx.dy[0]
+    axis = ctx.attr("axis", -1)
+    s = ctx.b.reduce("ReduceSum", dy, [axis], keepdims=True)
+    return (ctx.op.Sub(dy, ctx.op.Mul(ctx.op.Exp(y), s)),)
+
+
+@register("Relu")
+def relu(ctx: GradContext):
+    x, y = ctx.x[0], ctx.y[0]
+    return (ctx.keep(ctx.dy[0], ctx.op.Greater(y, ctx.const_like(0.0, x))),)
+
+
+@register("LeakyRelu")
+def leaky_relu(ctx: GradContext):
+    x, alpha = ctx.x[0], ctx.attr("alpha", 0.01)
+    positive = ctx.op.Cast(ctx.op.Greater(x, ctx.const_like(0.0, x)), to=ctx.elem_type(x))
+    slope = ctx.op.Add(ctx.const_like(alpha, x), ctx.op.Mul(positive, ctx.const_like(1.0 - alpha, x)))  # 1 or alpha
+    return (ctx.op.Mul(ctx.dy[0], slope),)
+
+
+@register("Sigmoid")
+def sigmoid(ctx: GradContext):
+    y = ctx.y[0]
+    return (ctx.op.Mul(ctx.dy[0], ctx.op.Mul(y, ctx.op.Sub(ctx.const_like(1.0, y), y))),)   # y (1 - y)
+
+
+@register("Tanh")
+def tanh(ctx: GradContext):
+    y = ctx.y[0]
+    return (ctx.op.Mul(ctx.dy[0], ctx.op.Sub(ctx.const_like(1.0, y), ctx.op.Mul(y, y))),)   # 1 - y^2
+
+
+@register("Softplus")
+def softplus(ctx: GradContext):
+    return (ctx.op.Mul(ctx.dy[0], ctx.op.Sigmoid(ctx.x[0])),)
+
+
+@register("Gelu")
+def gelu(ctx: GradContext):
+    """Gelu-20. Exact: d/dx x Phi(x) = Phi(x) + x phi(x). Tanh form: y = x (1 + tanh u) / 2, u = c (x + a x^3)."""
+    x, op = ctx.x[0], ctx.op
+
+    def k(value: float) -> str:
+        return ctx.const_like(value, x)
+
+    if ctx.attr("approximate", "none") == "tanh":
+        c, a = math.sqrt(2.0 / math.pi), 0.044715
+        x2 = op.Mul(x, x)
+        t = op.Tanh(op.Mul(k(c), op.Add(x, op.Mul(k(a), op.Mul(x2, x)))))
+        du = op.Mul(k(c), op.Add(k(1.0), op.Mul(k(3 * a), x2)))                       # du/dx
+        sech2 = op.Sub(k(1.0), op.Mul(t, t))
+        d = op.Add(op.Mul(k(0.5), op.Add(k(1.0), t)), op.Mul(op.Mul(k(0.5), x), op.Mul(sech2, du)))
+        return (op.Mul(ctx.dy[0], d),)
+    cdf = op.Mul(k(0.5), op.Add(k(1.0), op.Erf(op.Mul(x, k(1 / math.sqrt(2))))))
+    pdf = op.Mul(k(1 / math.sqrt(2 * math.pi)), op.Exp(op.Mul(op.Mul(x, x), k(-0.5))))
+    return (op.Mul(ctx.dy[0], op.Add(cdf, op.Mul(x, pdf))),)
+
+
+register_zero_gradient("Hardmax")      # one-hot of the arg-max: piecewise constant

@@ -1,4 +1,6 @@
-"""Gradients of elementwise ops: arithmetic (with broadcasting), activations and unary math."""
+"""Gradients of elementwise arithmetic (with broadcasting) and unary math: Add ... Pow, Exp, Log, Erf,
+Clip, Where, Max/Min, Sum, Mean, Mod, Cast, CastLike, Dropout.
+"""
 
 from __future__ import annotations
 
@@ -59,32 +61,6 @@ def abs_(ctx: GradContext):
     return (ctx.op.Mul(ctx.dy[0], ctx.op.Sign(ctx.x[0])),)
 
 
-@register("Relu")
-def relu(ctx: GradContext):
-    x, y = ctx.x[0], ctx.y[0]
-    return (ctx.keep(ctx.dy[0], ctx.op.Greater(y, ctx.const_like(0.0, x))),)
-
-
-@register("LeakyRelu")
-def leaky_relu(ctx: GradContext):
-    x, alpha = ctx.x[0], ctx.attr("alpha", 0.01)
-    positive = ctx.op.Cast(ctx.op.Greater(x, ctx.const_like(0.0, x)), to=ctx.elem_type(x))
-    slope = ctx.op.Add(ctx.const_like(alpha, x), ctx.op.Mul(positive, ctx.const_like(1.0 - alpha, x)))  # 1 or alpha
-    return (ctx.op.Mul(ctx.dy[0], slope),)
-
-
-@register("Sigmoid")
-def sigmoid(ctx: GradContext):
-    y = ctx.y[0]
-    return (ctx.op.Mul(ctx.dy[0], ctx.op.Mul(y, ctx.op.Sub(ctx.const_like(1.0, y), y))),)   # y (1 - y)
-
-
-@register("Tanh")
-def tanh(ctx: GradContext):
-    y = ctx.y[0]
-    return (ctx.op.Mul(ctx.dy[0], ctx.op.Sub(ctx.const_like(1.0, y), ctx.op.Mul(y, y))),)   # 1 - y^2
-
-
 @register("Exp")
 def exp(ctx: GradContext):
     return (ctx.op.Mul(ctx.dy[0], ctx.y[0]),)
@@ -128,16 +104,6 @@ def erf(ctx: GradContext):
     return (ctx.op.Mul(ctx.dy[0], ctx.op.Mul(gauss, ctx.const_like(2.0 / math.sqrt(math.pi), x))),)
 
 
-@register("Sin")
-def sin(ctx: GradContext):
-    return (ctx.op.Mul(ctx.dy[0], ctx.op.Cos(ctx.x[0])),)
-
-
-@register("Cos")
-def cos(ctx: GradContext):
-    return (ctx.op.Neg(ctx.op.Mul(ctx.dy[0], ctx.op.Sin(ctx.x[0]))),)
-
-
 @register("Clip")
 def clip(ctx: GradContext):
     """Gradient passes where min <= x <= max, as torch.clamp: exactly where Clip left x unchanged, so one
@@ -174,27 +140,47 @@ def sum_(ctx: GradContext):
     return [ctx.unbroadcast(ctx.dy[0], x) for x in ctx.x]
 
 
-@register("Softplus")
-def softplus(ctx: GradContext):
-    return (ctx.op.Mul(ctx.dy[0], ctx.op.Sigmoid(ctx.x[0])),)
+@register("Dropout")
+def dropout(ctx: GradContext):
+    """dX = dY * mask / (1 - ratio) in training mode; dX = dY otherwise."""
+    x = ctx.x[0]
+    flag = ctx.x[2] if len(ctx.x) > 2 and ctx.x[2] else None
+    if flag is None or (ctx.const_value(flag) is not None and not bool(ctx.const_value(flag))):
+        return ctx.dy[0], None, None
+    mask = ctx.op.Cast(ctx.forward_output(1, "mask"), to=ctx.elem_type(x))
+    ratio = ctx.x[1] if len(ctx.x) > 1 and ctx.x[1] else ctx.const_like(0.5, x)
+    one = ctx.const_like(1.0, x)
+    scale = ctx.op.Div(one, ctx.op.Sub(one, ctx.op.Cast(ratio, to=ctx.elem_type(x))))
+    if ctx.const_value(flag) is None:  # decided at run time: no scaling when the flag is off
+        scale = ctx.op.Where(flag, scale, one)
+    return ctx.op.Mul(ctx.op.Mul(ctx.dy[0], mask), scale), None, None
 
 
-@register("Gelu")
-def gelu(ctx: GradContext):
-    """Gelu-20. Exact: d/dx x Phi(x) = Phi(x) + x phi(x). Tanh form: y = x (1 + tanh u) / 2, u = c (x + a x^3)."""
-    x, op = ctx.x[0], ctx.op
+@register("Mean")
+def mean(ctx: GradContext):
+    """y = (x_1 + ... + x_n) / n."""
+    share = ctx.op.Div(ctx.dy[0], ctx.const_like(float(len(ctx.x)), ctx.y[0]))
+    return [ctx.unbroadcast(share, x) for x in ctx.x]
 
-    def k(value: float) -> str:
-        return ctx.const_like(value, x)
 
-    if ctx.attr("approximate", "none") == "tanh":
-        c, a = math.sqrt(2.0 / math.pi), 0.044715
-        x2 = op.Mul(x, x)
-        t = op.Tanh(op.Mul(k(c), op.Add(x, op.Mul(k(a), op.Mul(x2, x)))))
-        du = op.Mul(k(c), op.Add(k(1.0), op.Mul(k(3 * a), x2)))                       # du/dx
-        sech2 = op.Sub(k(1.0), op.Mul(t, t))
-        d = op.Add(op.Mul(k(0.5), op.Add(k(1.0), t)), op.Mul(op.Mul(k(0.5), x), op.Mul(sech2, du)))
-        return (op.Mul(ctx.dy[0], d),)
-    cdf = op.Mul(k(0.5), op.Add(k(1.0), op.Erf(op.Mul(x, k(1 / math.sqrt(2))))))
-    pdf = op.Mul(k(1 / math.sqrt(2 * math.pi)), op.Exp(op.Mul(op.Mul(x, x), k(-0.5))))
-    return (op.Mul(ctx.dy[0], op.Add(cdf, op.Mul(x, pdf))),)
+@register("CastLike")
+def cast_like(ctx: GradContext):
+    """dX is dY cast back to the type of x; the target only lends its type."""
+    x = ctx.x[0]
+    if not ctx.is_float(x):
+        return None, None
+    return ctx.op.Cast(ctx.dy[0], to=ctx.elem_type(x)), None
+
+
+@register("Mod")
+def mod(ctx: GradContext):
+    """a mod b = a - b q with q = floor(a / b) (fmod=0) or trunc(a / b) (fmod=1), constant almost everywhere:
+    da = dY, db = -dY q. Integer Mod has no gradient."""
+    (a, b), dy, op = ctx.x, ctx.dy[0], ctx.op
+    if not ctx.is_float(a):
+        return None, None
+    ratio = op.Div(a, b)
+    q = op.Floor(ratio)
+    if ctx.attr("fmod", 0):      # trunc: round toward zero
+        q = op.Where(op.Less(ratio, ctx.const_like(0.0, a)), op.Ceil(ratio), q)
+    return ctx.unbroadcast(dy, a), ctx.unbroadcast(op.Neg(op.Mul(dy, q)), b)
