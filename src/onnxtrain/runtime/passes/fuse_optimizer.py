@@ -105,17 +105,17 @@ class FuseOptimizer(Pass):
         fused = FusedNames.for_model(train)
         prefix = fused.prefix
         nodes = list(tg.node)
-        flat_pieces = []
         minus_one = prefix + "flat_shape"
-        for g in grad_outputs:
-            flat_pieces.append(f"{g}/flat")
-            nodes.append(helper.make_node("Reshape", [g, minus_one], [flat_pieces[-1]], name=f"{g}/flatten"))
         initializers = [*tg.initializer, helper.make_tensor(minus_one, onnx.TensorProto.INT64, [1], [-1])]
         if self.chunks is None:
+            flat_pieces = []
+            for g in grad_outputs:
+                flat_pieces.append(f"{g}/flat")
+                nodes.append(helper.make_node("Reshape", [g, minus_one], [flat_pieces[-1]], name=f"{g}/flatten"))
             nodes.append(helper.make_node("Concat", flat_pieces, [fused(names.GRADIENTS)], axis=0,
                                           name=prefix + "concat_gradients"))
         else:
-            nodes.extend(_chunk_gradients(flat_pieces, self.sizes, self.chunks, fused, initializers))
+            nodes.extend(_chunk_gradients(grad_outputs, minus_one, self.sizes, self.chunks, fused, initializers))
         nodes.extend(_renamed_nodes(og, fused))
 
         for init in og.initializer:
@@ -136,32 +136,42 @@ class FuseOptimizer(Pass):
         return PassResult(model, True)
 
 
-def _chunk_gradients(flat: list[str], sizes: Sequence[int], chunks: Sequence[tuple[int, int]], fused: FusedNames,
-                     initializers: list[onnx.TensorProto]) -> list[onnx.NodeProto]:
-    """Nodes writing each chunk's gradient (``fused(gradients#i)``) from the flattened per-parameter gradients."""
+def _chunk_gradients(grads: list[str], minus_one: str, sizes: Sequence[int], chunks: Sequence[tuple[int, int]],
+                     fused: FusedNames, initializers: list[onnx.TensorProto]) -> list[onnx.NodeProto]:
+    """Nodes writing each chunk's gradient (``fused(gradients#i)``) from the per-parameter gradients: a chunk of
+    one piece is written by the piece's own Reshape or Slice (one copy), several pieces by a Concat."""
     offsets = np.cumsum([0, *sizes]).tolist()
-    nodes = []
+    nodes, flat = [], {}
 
     def const(value: int) -> str:
         name = fused(f"chunk_bound/{len(initializers)}")
         initializers.append(helper.make_tensor(name, onnx.TensorProto.INT64, [1], [value]))
         return name
 
+    def flattened(k: int, out: str | None = None) -> str:
+        if out is None and k in flat:
+            return flat[k]
+        name = out or f"{grads[k]}/flat"
+        nodes.append(helper.make_node("Reshape", [grads[k], minus_one], [name], name=name))
+        if out is None:
+            flat[k] = name
+        return name
+
     for i, (a, b) in enumerate(chunks):
-        pieces = []
-        for k, piece in enumerate(flat):
-            lo, hi = max(a, offsets[k]), min(b, offsets[k + 1])
-            if lo >= hi:
-                continue
-            if (lo, hi) != (offsets[k], offsets[k + 1]):
-                sliced = f"{piece}/{lo - offsets[k]}"
-                nodes.append(helper.make_node("Slice", [piece, const(lo - offsets[k]), const(hi - offsets[k])],
-                                              [sliced], name=sliced))
-                piece = sliced
-            pieces.append(piece)
         out = fused(chunk_name(names.GRADIENTS, i))
-        nodes.append(helper.make_node("Concat" if len(pieces) > 1 else "Identity", pieces, [out],
-                                      **({"axis": 0} if len(pieces) > 1 else {}), name=out))
+        ks = [k for k in range(len(grads)) if max(a, offsets[k]) < min(b, offsets[k + 1])]
+        pieces = []
+        for k in ks:
+            lo, hi = max(a, offsets[k]) - offsets[k], min(b, offsets[k + 1]) - offsets[k]
+            target = out if len(ks) == 1 else None
+            if (lo, hi) == (0, sizes[k]):
+                pieces.append(flattened(k, target))
+            else:
+                name = target or f"{grads[k]}/flat/{lo}"
+                nodes.append(helper.make_node("Slice", [flattened(k), const(lo), const(hi)], [name], name=name))
+                pieces.append(name)
+        if len(ks) > 1:
+            nodes.append(helper.make_node("Concat", pieces, [out], axis=0, name=out))
     return nodes
 
 
