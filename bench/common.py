@@ -44,6 +44,8 @@ SPECS = {
     # Real scale (issue 14): a transformers BERT (6 layers, 384 wide, 22.7M parameters) and a ResNet-18 (11.2M).
     "bert_small": dict(input=(128,), batch=8, classes=2, vocab=30522, steps=20),
     "bert_small_head": dict(input=(128,), batch=8, classes=2, vocab=30522, steps=20, head_only=True),
+    # issue 14's own table (sequence 32); for profile_ops.py and --workloads, not in run.py's default list
+    "bert_small_seq32": dict(input=(32,), batch=8, classes=2, vocab=30522, steps=20),
     "resnet18": dict(input=(3, 224, 224), batch=8, classes=10, steps=20),
     "resnet18_head": dict(input=(3, 224, 224), batch=8, classes=10, steps=20, head_only=True),
 }

@@ -22,15 +22,15 @@ import os
 import sys
 import tempfile
 
+import common
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(os.path.dirname(HERE), "src")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workload", required=True,
-                   choices=["mlp", "lenet", "mobilenetv2", "mobilenetv2_head", "transformer", "bert_small",
-                            "bert_small_head", "resnet18", "resnet18_head"])
+    p.add_argument("--workload", required=True, choices=sorted(common.SPECS))
     p.add_argument("--impl", default="onnxtrain", choices=["onnxtrain", "peer"])
     p.add_argument("--steps", type=int, default=20, help="training steps after 5 warm-up steps (default 20)")
     p.add_argument("--eval-steps", type=int, default=0, help="eval steps to profile too (default 0)")
@@ -62,8 +62,6 @@ def ensure_interpreter(impl):
 
 def profile(args, prefix):
     """Train with profiling on; return the profile files written under prefix."""
-    import common
-
     if args.impl == "peer":
         from onnxruntime.training import api
 

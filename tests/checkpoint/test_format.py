@@ -777,3 +777,20 @@ def test_a_dead_writers_temporary_file_is_cleared_and_a_live_ones_is_kept(tmp_pa
     _age(other)
     save_checkpoint(CheckpointData(trainable={"w": np.ones(4, np.float32)}), path)
     assert sorted(os.listdir(tmp_path)) == [".model.ckpt.89abcdef.tmp", "model.ckpt"]
+
+
+@pytest.mark.parametrize("metadata", [{}, {"onnxtrain": '{"a": "quote \\" and \\u00e9 é ✓"}'}])
+def test_streamed_pieces_are_the_bytes_safetensors_writes(metadata):
+    """save_checkpoint writes the header and each array's own memory in turn; joined, they are exactly
+    safetensors.numpy.save's bytes (order by dtype then name, offsets, JSON, padding)."""
+    from onnxtrain.checkpoint.format import safetensors_pieces
+
+    tensors = {"trainable/w": random_array("float32", (3, 5)), "trainable/b": random_array("float32", (5,)),
+               "buffers/n": np.arange(3, dtype=np.int64), "frozen/h": random_array("float16", (2, 2)),
+               "frozen/x": random_array("float64", ()), "frozen/empty": np.zeros((0, 4), np.float32),
+               "buffers/flag": np.array([True, False]), "frozen/bf": np.ones(3, ml_dtypes.bfloat16),
+               "frozen/u8": np.arange(7, dtype=np.uint8)}
+    pieces = safetensors_pieces(tensors, metadata)
+    assert b"".join(pieces) == safetensors.numpy.save(tensors, metadata=metadata or None)
+    # the data pieces are views of the arrays, not copies
+    assert any(np.shares_memory(np.frombuffer(p, np.uint8), tensors["trainable/w"]) for p in pieces[1:])

@@ -10,14 +10,15 @@ whatever the model's size.
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 
 from onnxtrain import blocks
 from onnxtrain.api import CheckpointState, Module, Optimizer
 from onnxtrain.artifacts import LossType, generate_artifacts
-from onnxtrain.conventions import TrainingMeta
+from onnxtrain.conventions import OptimizerMeta, TrainingMeta
 from onnxtrain.runtime.loading import load_model
-from onnxtrain.runtime.passes import FuseOptimizer
+from onnxtrain.runtime.passes import ChunkUpdate, FusedNames, FuseOptimizer, chunk_bounds
 from tests import models
 
 # Copies of each trainable parameter in the runtime's arrays (parameters + gradients + optimizer states).
@@ -74,3 +75,37 @@ def test_no_session_holds_a_parameter(tmp_path):
             initializer_bytes[hidden, kind] = sum(np.prod(i.dims, dtype=np.int64) for i in model.graph.initializer)
     for kind in ("training", "eval", "optimizer", "fused"):
         assert initializer_bytes[16, kind] == initializer_bytes[256, kind], kind
+
+
+def _largest_values(model, prefix=""):
+    """Element counts of the values ``model`` computes (shape inference), by name."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True).graph
+    sizes = {}
+    for vi in [*inferred.value_info, *inferred.output]:
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+        if vi.name.startswith(prefix) and None not in dims:
+            sizes[vi.name] = int(np.prod(dims, dtype=np.int64))
+    return sizes
+
+
+def test_the_update_holds_a_chunk_not_a_vector_per_temporary(tmp_path):
+    """Split into chunks, the optimizer graph's temporaries are a chunk each (docs/memory.md: the AdamW graph
+    over whole vectors kept two vectors of temporaries alive), and the fused graph never builds the flat
+    gradient vector: each chunk's gradient is written straight into its slice."""
+    generate_artifacts(models.mlp(hidden=256), requires_grad=None, loss=LossType.CrossEntropyLoss,
+                       optimizer=blocks.AdamW(max_norm=1.0), artifact_directory=tmp_path)
+    models_ = _session_models(tmp_path)
+    train, optimizer = models_["training"], models_["optimizer"]
+    layout = OptimizerMeta.from_model(optimizer).layout
+    sizes = [int(np.prod(shape)) for _, shape in layout]
+    total, chunk = sum(sizes), 512
+    bounds = chunk_bounds(sizes, chunk)
+    assert len(bounds) >= total // chunk
+    whole = _largest_values(optimizer)
+    assert max(whole.values()) == total  # over whole vectors every temporary is a vector
+    chunked = ChunkUpdate(bounds)(optimizer).model
+    assert 0 < max(_largest_values(chunked).values()) <= chunk
+    fused = FuseOptimizer(chunked, TrainingMeta.from_model(train).trainable, bounds, sizes)(train).model
+    prefix = FusedNames.of_fused(fused).prefix
+    assert 0 < max(_largest_values(fused, prefix).values()) <= chunk
+    assert total not in _largest_values(fused).values()

@@ -147,8 +147,10 @@ def dropout(ctx: GradContext):
     flag = ctx.x[2] if len(ctx.x) > 2 and ctx.x[2] else None
     if flag is None or (ctx.const_value(flag) is not None and not bool(ctx.const_value(flag))):
         return ctx.dy[0], None, None
-    mask = ctx.op.Cast(ctx.forward_output(1, "mask"), to=ctx.elem_type(x))
     ratio = ctx.x[1] if len(ctx.x) > 1 and ctx.x[1] else ctx.const_like(0.5, x)
+    if ctx.const_value(ratio) is not None and float(ctx.const_value(ratio)) == 0.0:
+        return ctx.dy[0], None, None  # ratio 0 keeps every element unscaled (exporters write it for p=0)
+    mask = ctx.op.Cast(ctx.forward_output(1, "mask"), to=ctx.elem_type(x))
     one = ctx.const_like(1.0, x)
     scale = ctx.op.Div(one, ctx.op.Sub(one, ctx.op.Cast(ratio, to=ctx.elem_type(x))))
     if ctx.const_value(flag) is None:  # decided at run time: no scaling when the flag is off

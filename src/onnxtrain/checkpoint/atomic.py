@@ -17,6 +17,7 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Sequence
 
 try:
     import fcntl
@@ -29,8 +30,10 @@ __all__ = ["atomic_write", "clear_stale_temps"]
 _GRACE_SECONDS = 5.0
 
 
-def atomic_write(path: str | os.PathLike[str], data: bytes | bytearray | memoryview) -> None:
-    """Write ``data`` to ``path`` atomically and durably (see the module docstring).
+def atomic_write(path: str | os.PathLike[str],
+                 data: bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]) -> None:
+    """Write ``data`` (bytes, or a sequence of pieces written one after the other) to ``path`` atomically and
+    durably (see the module docstring).
 
     Raises:
         IsADirectoryError: ``path`` is a directory.
@@ -49,7 +52,8 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | bytearray | memoryv
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)  # held until the rename: this file has a live writer
         with os.fdopen(fd, "wb") as file:
-            file.write(data)
+            for piece in [data] if isinstance(data, bytes | bytearray | memoryview) else data:
+                file.write(piece)
             file.flush()
             os.fsync(file.fileno())
             if fcntl is not None:

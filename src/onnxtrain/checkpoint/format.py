@@ -10,6 +10,7 @@ validates the whole header against the file size before reading data, and report
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -28,7 +29,7 @@ from onnxtrain.checkpoint.metadata import (
 )
 from onnxtrain.errors import CheckpointError
 
-__all__ = ["save_checkpoint", "load_checkpoint", "CHECKPOINT_FORMAT_VERSION"]
+__all__ = ["save_checkpoint", "load_checkpoint", "safetensors_pieces", "CHECKPOINT_FORMAT_VERSION"]
 
 
 def save_checkpoint(data: CheckpointData, path: str | os.PathLike[str], include_optimizer_state: bool = True) -> None:
@@ -58,7 +59,34 @@ def save_checkpoint(data: CheckpointData, path: str | os.PathLike[str], include_
         tensors = {key: array for key, array in tensors.items() if not key.startswith("optimizer/")}
         specs = {key: spec for key, spec in specs.items() if not key.startswith("optimizer/")}
     text = encode_metadata(specs, data.step, data.properties, data.nominal, tensors_sha256(tensors.values()))
-    atomic_write(path, safetensors.numpy.save(tensors, metadata={METADATA_KEY: text}))
+    atomic_write(path, safetensors_pieces(tensors, {METADATA_KEY: text}))
+
+
+def safetensors_pieces(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> list[bytes | memoryview]:
+    """The bytes ``safetensors.numpy.save(tensors, metadata=metadata)`` returns, as pieces: the header, then a view
+    of each array's own memory, so a checkpoint is written without gathering every tensor into one buffer (that
+    gathered copy and the one it is joined from were two extra copies of the model while saving).
+
+    safetensors itself lays the header out (tensor order, dtype codes) for the same names and dtypes with empty
+    arrays; the offsets and shapes are filled in here and the JSON written as its serializer does (compact,
+    UTF-8, padded with spaces to a multiple of 8 bytes).
+    """
+    layout = safetensors.numpy.save({k: np.empty((0,), a.dtype) for k, a in tensors.items()}, metadata=metadata)
+    order = json.loads(layout[8:8 + int.from_bytes(layout[:8], "little")])
+    header: dict = {"__metadata__": metadata} if metadata else {}
+    offset, pieces = 0, []
+    for key, entry in order.items():
+        if key == "__metadata__":
+            continue
+        array = tensors[key]
+        header[key] = {"dtype": entry["dtype"], "shape": list(array.shape),
+                       "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+        if array.nbytes:
+            pieces.append(memoryview(array.reshape(-1).view(np.uint8)))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return [len(text).to_bytes(8, "little") + text, *pieces]
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> CheckpointData:

@@ -135,7 +135,9 @@ class TrainingRun:
             state.update(update_inputs)
             out.update(update_out)
             # The fused graph flattens the gradients; grads.spare is grads.current (read and written in place).
-            out[fused_names(names.GRADIENTS)] = values.grads.spare
+            grads = values.grads
+            out.update({fused_names(k): v for k, v in
+                        self._update.vectors(names.GRADIENTS, grads.spare, grads, spare=True).items()})
         else:
             session = self._session_for(self._reset_pending)
             out.update({names.grad_output_name(p): g for p, g in values.grads.spare_views().items()})
@@ -225,7 +227,9 @@ class TrainingRun:
 
     def _open_fused(self, reset: bool):
         try:
-            fused = FuseOptimizer(self._update.model, self.meta.trainable)(self._specialized(reset)).model
+            sizes = [int(np.prod(shape)) for _, shape in self._update.meta.layout]
+            fused = FuseOptimizer(self._update.model, self.meta.trainable, self._update.bounds,
+                                  sizes)(self._specialized(reset)).model
         except PassError as exc:
             logger.warning("running the training and optimizer graphs separately: %s", exc)
             return None

@@ -33,6 +33,7 @@ class FlatStorage:
         self._vectors = [np.zeros(self.size, self.dtype) for _ in range(copies)]
         self._views = [self._make_views(v) for v in self._vectors]
         self._current = 0
+        self._chunks: dict[tuple, list[np.ndarray]] = {}
 
     def _make_views(self, vector: np.ndarray) -> dict[str, np.ndarray]:
         views = {}
@@ -65,6 +66,15 @@ class FlatStorage:
 
     def spare_views(self) -> dict[str, np.ndarray]:
         return self._views[(self._current + 1) % self.copies]
+
+    def chunks(self, bounds: Sequence[tuple[int, int]], spare: bool = False) -> list[np.ndarray]:
+        """Views of the current (or spare) vector's slices ``[start:stop]``, the same objects on every call (so
+        a session's bindings of them are reused)."""
+        index = (self._current + spare) % self.copies
+        key = (index, tuple(bounds))
+        if key not in self._chunks:
+            self._chunks[key] = [self._vectors[index][a:b] for a, b in bounds]
+        return self._chunks[key]
 
     def swap(self) -> None:
         """The spare vector (just written) becomes current."""

@@ -5,10 +5,14 @@ gradients_finite)``, in the spirit of optax's ``update(grads, state, params) -> 
 object holds its inputs that are not gradients (learning rate, step, the optimizer state vectors) and binds
 inputs and outputs for a run: the new values go to the spare halves of the double buffers and become
 current only when :meth:`commit` is called (so a skipped step leaves everything as it was).
+
+On onnxruntime, the graph runs split into chunks of about ``CHUNK`` elements bound to slices of the vectors
+(runtime/passes/chunk_update.py): each chunk's ops run while its slices are in the cache.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -16,12 +20,19 @@ import onnx
 
 from onnxtrain import conventions as names
 from onnxtrain.conventions import OptimizerMeta
-from onnxtrain.errors import ArtifactError
+from onnxtrain.errors import ArtifactError, PassError
 from onnxtrain.runtime.engine_errors import run_session
 from onnxtrain.runtime.loading import open_artifact_session
+from onnxtrain.runtime.passes import ChunkUpdate, chunk_bounds, chunk_name
 from onnxtrain.runtime.values import TrainingValues
 
-__all__ = ["UpdateGraph"]
+__all__ = ["UpdateGraph", "CHUNK"]
+
+logger = logging.getLogger(__name__)
+
+# Elements per chunk of the split update: 1 MiB of float32 per vector, so a chunk's inputs, outputs and
+# temporaries stay in the L2/L3 caches (BENCHMARKS.md, design history).
+CHUNK = 1 << 18
 
 
 def _same(name: str) -> str:
@@ -43,7 +54,8 @@ class UpdateGraph:
             raise ArtifactError("the optimizer model does not match the checkpoint's trainable parameters "
                                 f"({len(self.meta.layout)} in the optimizer, {len(values.params.layout)} in the "
                                 "checkpoint)")
-        self.model = model
+        self.artifact = model
+        self.bounds, self.model = self._split(model, values, device)
         self._values = values
         self._device, self._session_options = device, session_options
         self._session = self._open()  # now, so that a broken optimizer model fails here
@@ -53,6 +65,24 @@ class UpdateGraph:
         # Optimizer graphs with a finiteness output check the gradients in the same run (no extra numpy pass).
         self.checks_finite = any(o.name == names.GRADIENTS_FINITE for o in model.graph.output)
         self.finite = np.zeros((), dtype=bool)
+
+    @staticmethod
+    def _split(model: onnx.ModelProto, values: TrainingValues, device: str):
+        """(chunk bounds, the model as run): split on onnxruntime when there is more than one chunk."""
+        bounds = chunk_bounds([a.size for a in values.params.views().values()], CHUNK)
+        if device != "cpu" or len(bounds) < 2:
+            return None, model
+        try:
+            return bounds, ChunkUpdate(bounds)(model).model
+        except PassError as exc:
+            logger.info("running the optimizer graph over whole vectors: %s", exc)
+            return None, model
+
+    def vectors(self, name: str, vector: np.ndarray, storage, spare: bool = False) -> dict[str, np.ndarray]:
+        """The graph's input(s) or output(s) for the flat vector ``name``: the vector, or its chunks."""
+        if self.bounds is None:
+            return {name: vector}
+        return {chunk_name(name, i): v for i, v in enumerate(storage.chunks(self.bounds, spare))}
 
     def _open(self):
         return open_artifact_session(self.model, "optimizer model", self._device, self._session_options)
@@ -65,11 +95,12 @@ class UpdateGraph:
         """The update's persistent inputs and outputs except the gradients, keyed by ``name(graph name)``."""
         values = self._values
         self._step[...] = values.step + 1
-        inputs = {name(names.LEARNING_RATE): self.learning_rate, name(names.STEP): self._step,
-                  name(names.PARAMS): values.params.current}
-        inputs.update({name(s): st.current for s, st in self.states.items()})
-        out = {name(names.output_name(names.PARAMS)): values.params.spare}
-        out.update({name(names.output_name(s)): st.spare for s, st in self.states.items()})
+        inputs = {name(names.LEARNING_RATE): self.learning_rate, name(names.STEP): self._step}
+        out = {}
+        for n, storage in [(names.PARAMS, values.params), *self.states.items()]:
+            inputs.update({name(k): v for k, v in self.vectors(n, storage.current, storage).items()})
+            out.update({name(k): v for k, v in
+                        self.vectors(names.output_name(n), storage.spare, storage, spare=True).items()})
         if self.checks_finite:
             out[name(names.GRADIENTS_FINITE)] = self.finite
         return inputs, out
@@ -77,7 +108,8 @@ class UpdateGraph:
     def run(self) -> None:
         """Run the optimizer graph on its own, on the current gradients."""
         inputs, out = self.bind()
-        inputs[names.GRADIENTS] = self._values.grads.current
+        grads = self._values.grads
+        inputs.update(self.vectors(names.GRADIENTS, grads.current, grads))
         if self._session is None:
             self._session = self._open()
         run_session(self._session, "optimizer step", {}, out, [], state=inputs)

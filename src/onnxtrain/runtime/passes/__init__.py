@@ -1,7 +1,8 @@
 """The runtime's graph passes: the training graph specialised for the reset flag, and fused with the optimizer
 graph (see onnxtrain.ir.pass_infra for the contract every pass keeps)."""
 
+from onnxtrain.runtime.passes.chunk_update import ChunkUpdate, chunk_bounds, chunk_name
 from onnxtrain.runtime.passes.fuse_optimizer import FusedNames, FuseOptimizer
 from onnxtrain.runtime.passes.specialize_reset import SpecializeReset
 
-__all__ = ["SpecializeReset", "FuseOptimizer", "FusedNames"]
+__all__ = ["SpecializeReset", "FuseOptimizer", "FusedNames", "ChunkUpdate", "chunk_bounds", "chunk_name"]

@@ -6,6 +6,11 @@ graph from the two artifacts it already has (the artifacts stay separate, as the
 
     per-parameter gradients --Reshape/Concat--> the flat gradient vector --optimizer--> new params, states
 
+or, with an optimizer graph split into chunks (ChunkUpdate), each chunk's gradient from the pieces of the
+gradients it covers (Reshape, Slice, Concat), so no flat gradient vector is ever materialised:
+
+    per-parameter gradients --> gradients#0, gradients#1, ... --optimizer chunks--> params.out#0, ...
+
 Every optimizer value is renamed under a prefix, so nothing collides with the training graph's names.
 The flat gradient and the optimizer's results are outputs: the runtime binds them to the spare halves of
 its double buffers and only swaps them in when ``optimizer.step()`` is called (see TrainingRun).
@@ -18,6 +23,9 @@ graphs separately.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -25,6 +33,7 @@ from onnxtrain import conventions as names
 from onnxtrain.errors import PassError
 from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import default_opset, has_subgraphs, used_names
+from onnxtrain.runtime.passes.chunk_update import chunk_name
 
 __all__ = ["FuseOptimizer", "FusedNames"]
 
@@ -65,10 +74,16 @@ class FuseOptimizer(Pass):
     Args:
         optimizer: the optimizer model.
         trainable: the trainable parameters, in flat-vector order.
+        chunks: the (start, stop) bounds the optimizer graph was split into (None: it takes whole vectors).
+        sizes: the trainable parameters' element counts (needed with ``chunks``).
     """
 
-    def __init__(self, optimizer: onnx.ModelProto, trainable: list[str]):
+    def __init__(self, optimizer: onnx.ModelProto, trainable: list[str],
+                 chunks: Sequence[tuple[int, int]] | None = None, sizes: Sequence[int] | None = None):
         self.optimizer, self.trainable = optimizer, trainable
+        self.chunks, self.sizes = chunks, sizes
+        if chunks is not None and (sizes is None or len(sizes) != len(trainable)):
+            raise ValueError("FuseOptimizer with chunks needs the size of every trainable parameter")
 
     def call(self, model: onnx.ModelProto) -> PassResult:
         train, optimizer = model, self.optimizer
@@ -77,8 +92,11 @@ class FuseOptimizer(Pass):
         missing = [g for g in grad_outputs if g not in {o.name for o in tg.output}]
         if missing:
             raise PassError(f"the training graph has no gradient outputs {missing[:3]}")
-        if not {names.PARAMS, names.GRADIENTS} <= {i.name for i in og.input}:
-            raise PassError(f"the optimizer graph does not take {names.PARAMS!r} and {names.GRADIENTS!r}")
+        gradient_inputs = ([names.GRADIENTS] if self.chunks is None else
+                           [chunk_name(names.GRADIENTS, i) for i in range(len(self.chunks))])
+        if not set(gradient_inputs) <= {i.name for i in og.input}:
+            raise PassError(f"the optimizer graph does not take {gradient_inputs[0]!r}"
+                            + (f" ... {gradient_inputs[-1]!r}" if len(gradient_inputs) > 1 else ""))
         if default_opset(train) != default_opset(optimizer):
             raise PassError(f"the training graph uses opset {default_opset(train)}, the optimizer graph "
                             f"{default_opset(optimizer)}")
@@ -87,25 +105,28 @@ class FuseOptimizer(Pass):
         fused = FusedNames.for_model(train)
         prefix = fused.prefix
         nodes = list(tg.node)
-        flat_pieces = []
         minus_one = prefix + "flat_shape"
-        for g in grad_outputs:
-            flat_pieces.append(f"{g}/flat")
-            nodes.append(helper.make_node("Reshape", [g, minus_one], [flat_pieces[-1]], name=f"{g}/flatten"))
-        nodes.append(helper.make_node("Concat", flat_pieces, [fused(names.GRADIENTS)], axis=0,
-                                      name=prefix + "concat_gradients"))
+        initializers = [*tg.initializer, helper.make_tensor(minus_one, onnx.TensorProto.INT64, [1], [-1])]
+        if self.chunks is None:
+            flat_pieces = []
+            for g in grad_outputs:
+                flat_pieces.append(f"{g}/flat")
+                nodes.append(helper.make_node("Reshape", [g, minus_one], [flat_pieces[-1]], name=f"{g}/flatten"))
+            nodes.append(helper.make_node("Concat", flat_pieces, [fused(names.GRADIENTS)], axis=0,
+                                          name=prefix + "concat_gradients"))
+        else:
+            nodes.extend(_chunk_gradients(grad_outputs, minus_one, self.sizes, self.chunks, fused, initializers))
         nodes.extend(_renamed_nodes(og, fused))
 
-        initializers = [*tg.initializer, helper.make_tensor(minus_one, onnx.TensorProto.INT64, [1], [-1])]
         for init in og.initializer:
             renamed = onnx.TensorProto()
             renamed.CopyFrom(init)
             renamed.name = fused(init.name)
             initializers.append(renamed)
-        inputs = [*tg.input, *(_renamed_value(i, fused) for i in og.input if i.name != names.GRADIENTS)]
-        gradients_vi = next(i for i in og.input if i.name == names.GRADIENTS)
+        inputs = [*tg.input, *(_renamed_value(i, fused) for i in og.input if i.name not in gradient_inputs)]
+        gradient_vis = [i for i in og.input if i.name in gradient_inputs]
         outputs = [o for o in tg.output if o.name not in set(grad_outputs)]
-        outputs += [_renamed_value(gradients_vi, fused), *(_renamed_value(o, fused) for o in og.output)]
+        outputs += [*(_renamed_value(i, fused) for i in gradient_vis), *(_renamed_value(o, fused) for o in og.output)]
         graph = helper.make_graph(nodes, f"{tg.name}+{og.name}", inputs, outputs, initializer=initializers)
         model = onnx.ModelProto()
         model.CopyFrom(train)
@@ -113,6 +134,45 @@ class FuseOptimizer(Pass):
         model.ClearField("metadata_props")
         model.metadata_props.add(key=_PREFIX_KEY, value=prefix)
         return PassResult(model, True)
+
+
+def _chunk_gradients(grads: list[str], minus_one: str, sizes: Sequence[int], chunks: Sequence[tuple[int, int]],
+                     fused: FusedNames, initializers: list[onnx.TensorProto]) -> list[onnx.NodeProto]:
+    """Nodes writing each chunk's gradient (``fused(gradients#i)``) from the per-parameter gradients: a chunk of
+    one piece is written by the piece's own Reshape or Slice (one copy), several pieces by a Concat."""
+    offsets = np.cumsum([0, *sizes]).tolist()
+    nodes, flat = [], {}
+
+    def const(value: int) -> str:
+        name = fused(f"chunk_bound/{len(initializers)}")
+        initializers.append(helper.make_tensor(name, onnx.TensorProto.INT64, [1], [value]))
+        return name
+
+    def flattened(k: int, out: str | None = None) -> str:
+        if out is None and k in flat:
+            return flat[k]
+        name = out or f"{grads[k]}/flat"
+        nodes.append(helper.make_node("Reshape", [grads[k], minus_one], [name], name=name))
+        if out is None:
+            flat[k] = name
+        return name
+
+    for i, (a, b) in enumerate(chunks):
+        out = fused(chunk_name(names.GRADIENTS, i))
+        ks = [k for k in range(len(grads)) if max(a, offsets[k]) < min(b, offsets[k + 1])]
+        pieces = []
+        for k in ks:
+            lo, hi = max(a, offsets[k]) - offsets[k], min(b, offsets[k + 1]) - offsets[k]
+            target = out if len(ks) == 1 else None
+            if (lo, hi) == (0, sizes[k]):
+                pieces.append(flattened(k, target))
+            else:
+                name = target or f"{grads[k]}/flat/{lo}"
+                nodes.append(helper.make_node("Slice", [flattened(k), const(lo), const(hi)], [name], name=name))
+                pieces.append(name)
+        if len(ks) > 1:
+            nodes.append(helper.make_node("Concat", pieces, [out], axis=0, name=out))
+    return nodes
 
 
 def _renamed_nodes(graph: onnx.GraphProto, fused: FusedNames) -> list[onnx.NodeProto]:
