@@ -33,6 +33,9 @@ logger = logging.getLogger(__name__)
 # Elements per chunk of the split update: 1 MiB of float32 per vector, so a chunk's inputs, outputs and
 # temporaries stay in the L2/L3 caches (BENCHMARKS.md, design history).
 CHUNK = 1 << 18
+# Below this many chunks the split's extra nodes cost more than cache reuse saves (MLP, 269k parameters:
+# 1.0 ms whole, 1.1-1.2 ms as 2 chunks) and the temporaries are small anyway.
+MIN_CHUNKS = 4
 
 
 def _same(name: str) -> str:
@@ -68,9 +71,9 @@ class UpdateGraph:
 
     @staticmethod
     def _split(model: onnx.ModelProto, values: TrainingValues, device: str):
-        """(chunk bounds, the model as run): split on onnxruntime when there is more than one chunk."""
+        """(chunk bounds, the model as run): split on onnxruntime when there are at least MIN_CHUNKS chunks."""
         bounds = chunk_bounds([a.size for a in values.params.views().values()], CHUNK)
-        if device != "cpu" or len(bounds) < 2:
+        if device != "cpu" or len(bounds) < MIN_CHUNKS:
             return None, model
         try:
             return bounds, ChunkUpdate(bounds)(model).model
