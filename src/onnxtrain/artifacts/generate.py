@@ -21,6 +21,7 @@ from onnxtrain.conventions import artifact_file
 from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.files import atomic_write_bytes
 from onnxtrain.lora import LoRA
+from onnxtrain.tflite.source import RECORD_KEY, SKELETON_KEY, SourceRecord, has_source
 
 __all__ = ["generate_artifacts", "LossType", "OptimType", "convert_to_ort"]
 
@@ -123,7 +124,7 @@ def generate_artifacts(
     # A model imported from .tflite/.circle carries its source file: the training model keeps it, so that the
     # trained weights can be written back from the artifacts alone (`onnxtrain export --format tflite`).
     graphs.training.metadata_props.extend(p for p in source.model.metadata_props
-                                          if p.key.startswith(FLATBUFFER_PREFIX))
+                                          if p.key in (RECORD_KEY, SKELETON_KEY))
     out_dir = os.fspath(artifact_directory or os.getcwd())
     os.makedirs(out_dir, exist_ok=True)
     paths = {kind: os.path.join(out_dir, artifact_file(kind, prefix)) for kind in ("training", "eval")}
@@ -153,19 +154,14 @@ def generate_artifacts(
     return paths
 
 
-FLATBUFFER_PREFIX = "onnxtrain.tflite."
-
-
 def _flatbuffer_operators(model: onnx.ModelProto, requires_grad, trainable_ops: int):
     """(requires_grad, trainable_ops) for ``model``: one imported from .tflite/.circle counts ``trainable_ops``
     in TFLite operators, as onert_train's --num_of_trainable_ops does, not in ONNX nodes."""
-    if trainable_ops < 0 or not any(p.key == FLATBUFFER_PREFIX + "source" for p in model.metadata_props):
+    if trainable_ops < 0 or not has_source(model):
         return requires_grad, trainable_ops
     if requires_grad:
         raise ValueError("trainable_ops and requires_grad were both given for a model imported from .tflite/.circle;"
                          " give one of them")
-    from onnxtrain.tflite.source import SourceRecord
-
     return SourceRecord.from_model(model).trainable_weights(trainable_ops), -1
 
 
