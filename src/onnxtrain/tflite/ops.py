@@ -80,30 +80,26 @@ def _pads(ctx: ImportContext, op: FlatOperator, kernel: tuple[int, int], strides
 @converts("CONV_2D")
 def conv_2d(ctx: ImportContext, op: FlatOperator) -> None:
     """NHWC x OHWI -> Conv(NCHW, Transpose(weight) to OIHW): the weight stays a TFLite-layout initializer."""
-    o = op.options
-    b = ctx.builder
-    x, w = ctx.nchw(op.inputs[0]), ctx.nhwc(op.inputs[1])
-    _, kh, kw, cin_per_group = ctx.tensor(op.inputs[1]).shape
-    cin = ctx.tensor(op.inputs[0]).shape[3]
-    bias = ctx.nhwc(op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
-    strides, dilations = (o.StrideH(), o.StrideW()), (o.DilationHFactor(), o.DilationWFactor())
-    _emit(ctx, op, "Conv", [x, b.op.Transpose(w, perm=list(NHWC_TO_NCHW)), bias], "nchw", strides=list(strides),
-          dilations=list(dilations), group=cin // cin_per_group, kernel_shape=[kh, kw],
-          **_pads(ctx, op, (kh, kw), strides, dilations))
+    cin_per_group = ctx.tensor(op.inputs[1]).shape[3]
+    _conv(ctx, op, list(NHWC_TO_NCHW), group=ctx.tensor(op.inputs[0]).shape[3] // cin_per_group)
 
 
 @converts("DEPTHWISE_CONV_2D")
 def depthwise_conv_2d(ctx: ImportContext, op: FlatOperator) -> None:
     """Weight [1, KH, KW, C*M] -> [C*M, 1, KH, KW], one group per input channel."""
+    _conv(ctx, op, [3, 0, 1, 2], group=ctx.tensor(op.inputs[0]).shape[3])
+
+
+def _conv(ctx: ImportContext, op: FlatOperator, weight_perm: list[int], group: int) -> None:
+    """A Conv over the NCHW input, with the TFLite-layout weight transposed by ``weight_perm`` to OIHW."""
     o = op.options
-    b = ctx.builder
     x, w = ctx.nchw(op.inputs[0]), ctx.nhwc(op.inputs[1])
     _, kh, kw, _ = ctx.tensor(op.inputs[1]).shape
-    cin = ctx.tensor(op.inputs[0]).shape[3]
     bias = ctx.nhwc(op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
     strides, dilations = (o.StrideH(), o.StrideW()), (o.DilationHFactor(), o.DilationWFactor())
-    _emit(ctx, op, "Conv", [x, b.op.Transpose(w, perm=[3, 0, 1, 2]), bias], "nchw", strides=list(strides),
-          dilations=list(dilations), group=cin, kernel_shape=[kh, kw], **_pads(ctx, op, (kh, kw), strides, dilations))
+    _emit(ctx, op, "Conv", [x, ctx.builder.op.Transpose(w, perm=weight_perm), bias], "nchw", strides=list(strides),
+          dilations=list(dilations), group=group, kernel_shape=[kh, kw],
+          **_pads(ctx, op, (kh, kw), strides, dilations))
 
 
 @converts("AVERAGE_POOL_2D", "MAX_POOL_2D")
