@@ -227,9 +227,8 @@ class TrainingRun:
 
     def _open_fused(self, reset: bool):
         try:
-            sizes = [int(np.prod(shape)) for _, shape in self._update.meta.layout]
             fused = FuseOptimizer(self._update.model, self.meta.trainable, self._update.bounds,
-                                  sizes)(self._specialized(reset)).model
+                                  self.values.params.sizes)(self._specialized(reset)).model
         except PassError as exc:
             logger.warning("running the training and optimizer graphs separately: %s", exc)
             return None

@@ -27,9 +27,9 @@ class FlatStorage:
             raise ValueError(f"FlatStorage holds 1 or 2 copies of its vector, got copies={copies}")
         self.layout = [(n, tuple(s)) for n, s in layout]
         self.dtype = np.dtype(dtype)
-        sizes = [int(np.prod(s)) for _, s in self.layout]
-        self.offsets = dict(zip((n for n, _ in self.layout), np.cumsum([0, *sizes[:-1]]).tolist()))
-        self.size = int(sum(sizes))
+        self.sizes = [int(np.prod(s)) for _, s in self.layout]  # elements per slot, in layout order
+        self.offsets = dict(zip((n for n, _ in self.layout), np.cumsum([0, *self.sizes[:-1]]).tolist()))
+        self.size = int(sum(self.sizes))
         self._vectors = [np.zeros(self.size, self.dtype) for _ in range(copies)]
         self._views = [self._make_views(v) for v in self._vectors]
         self._current = 0

@@ -72,7 +72,7 @@ class UpdateGraph:
     @staticmethod
     def _split(model: onnx.ModelProto, values: TrainingValues, device: str):
         """(chunk bounds, the model as run): split on onnxruntime when there are at least MIN_CHUNKS chunks."""
-        bounds = chunk_bounds([a.size for a in values.params.views().values()], CHUNK)
+        bounds = chunk_bounds(values.params.sizes, CHUNK)
         if device != "cpu" or len(bounds) < MIN_CHUNKS:
             return None, model
         try:
