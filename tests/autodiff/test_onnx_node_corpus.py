@@ -22,6 +22,7 @@ import onnx
 import onnx.version_converter
 import pytest
 from onnx import defs
+from tests.float64 import as_float64
 
 from onnxtrain.autodiff import GRADIENT_RULES, NON_DIFFERENTIABLE
 from onnxtrain.autodiff.check import check_gradients
@@ -100,29 +101,7 @@ def _differentiable_inputs(node: onnx.NodeProto, opset: int) -> set[int]:
 
 def _widen(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """The model with float32 replaced by float64 everywhere, or None if that does not type-check."""
-    f, d = onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE
-    m = copy.deepcopy(model)
-
-    def tensor(t: onnx.TensorProto) -> None:
-        if t.data_type == f:
-            t.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(t).astype(np.float64), t.name))
-
-    def graph(g: onnx.GraphProto) -> None:
-        for vi in [*g.input, *g.output, *g.value_info]:
-            if vi.type.tensor_type.elem_type == f:
-                vi.type.tensor_type.elem_type = d
-        for t in g.initializer:
-            tensor(t)
-        for n in g.node:
-            for a in n.attribute:
-                if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i == f:
-                    a.i = d
-                if a.type == onnx.AttributeProto.TENSOR:
-                    tensor(a.t)
-                for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
-                    graph(sub)
-
-    graph(m.graph)
+    m = as_float64(model)
     try:
         onnx.shape_inference.infer_shapes(m, strict_mode=True)
     except Exception:  # noqa: BLE001 - some inputs must stay float32 (Resize scales, ...)

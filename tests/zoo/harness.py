@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from onnxtrain import blocks
 from onnxtrain.api import CheckpointState, Module, Optimizer
 from onnxtrain.artifacts import LossType, generate_artifacts
+from tests.float64 import as_float64
 from tests.zoo.models import Spec
 from tests.zoo.vision import import_torchvision
 
@@ -204,30 +204,6 @@ def torch_loss_and_grads(run: Run, inputs, labels, dtype):
                          for n, p in model.named_parameters()}
 
 
-def _as_float64(graph: onnx.GraphProto) -> None:
-    """Every float32 tensor, type and cast of ``graph`` (and its subgraphs) made float64, in place."""
-    def widen(tensor: onnx.TensorProto) -> None:
-        if tensor.data_type == onnx.TensorProto.FLOAT:
-            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float64), tensor.name))
-
-    for init in graph.initializer:
-        widen(init)
-    for value in [*graph.input, *graph.output]:
-        if value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
-            value.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
-    del graph.value_info[:]
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                widen(attr.t)
-            elif attr.name in ("to", "dtype") and attr.i == onnx.TensorProto.FLOAT:
-                attr.i = onnx.TensorProto.DOUBLE
-            elif attr.type == onnx.AttributeProto.GRAPH:
-                _as_float64(attr.g)
-            for sub in attr.graphs:
-                _as_float64(sub)
-
-
 def float64_gradients(run: Run, inputs, labels) -> dict[str, np.ndarray]:
     """The training graph's gradients computed in float64 (onnx.reference): what the graph computes without
     float32 rounding, to tell a wrong rule from an ill-conditioned float32 comparison."""
@@ -236,8 +212,7 @@ def float64_gradients(run: Run, inputs, labels) -> dict[str, np.ndarray]:
     from onnxtrain.conventions import LAZY_RESET_GRAD, grad_buffer_name, grad_output_name
     from onnxtrain.runtime.backends.reference_ops import PATCHED_OPS
 
-    model = onnx.load(str(run.artifacts / "training_model.onnx"))
-    _as_float64(model.graph)
+    model = as_float64(onnx.load(str(run.artifacts / "training_model.onnx")))
     state = CheckpointState.load_checkpoint(run.artifacts / "checkpoint")
     widen = lambda a: a.astype(np.float64) if a.dtype == np.float32 else a  # noqa: E731
     values = {n: widen(p.data) for n, p in state.parameters}
