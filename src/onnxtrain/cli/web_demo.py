@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from onnxtrain.cli.common import CliError
+from onnxtrain.conventions import ARTIFACT_FILES, artifact_file
 
 __all__ = ["add_parser", "run", "prepare_artifacts", "find_js_dir", "make_server", "DEMO_FILE", "HELDOUT_FILE",
            "REPLAY_FILE"]
@@ -86,7 +87,7 @@ def _load_digits():
 
 
 def _is_ready(folder: Path) -> bool:
-    files = ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint", HELDOUT_FILE, REPLAY_FILE)
+    files = (*ARTIFACT_FILES.values(), HELDOUT_FILE, REPLAY_FILE)
     try:
         meta = json.loads((folder / DEMO_FILE).read_text())
     except (OSError, ValueError):
@@ -126,9 +127,9 @@ def prepare_artifacts(folder: str | os.PathLike, seed: int = 0, epochs: int = PR
     with tempfile.TemporaryDirectory(prefix="onnxtrain-web-demo-") as tmp:
         generate_artifacts(build_cnn(seed), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                            artifact_directory=tmp, additional_output_names=[OUTPUT])
-        state = CheckpointState.load_checkpoint(os.path.join(tmp, "checkpoint"))
-        module = Module(os.path.join(tmp, "training_model.onnx"), state, os.path.join(tmp, "eval_model.onnx"))
-        optimizer = Optimizer(os.path.join(tmp, "optimizer_model.onnx"), module)
+        state = CheckpointState.load_checkpoint(os.path.join(tmp, artifact_file("checkpoint")))
+        module = Module(os.path.join(tmp, artifact_file("training")), state, os.path.join(tmp, artifact_file("eval")))
+        optimizer = Optimizer(os.path.join(tmp, artifact_file("optimizer")), module)
         optimizer.set_learning_rate(3e-3)
         for epoch in range(epochs):
             train_epoch(module, optimizer, batches(xt, yt, 32, shuffle=True, seed=seed, epoch=epoch))
