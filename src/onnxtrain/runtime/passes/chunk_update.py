@@ -30,7 +30,7 @@ from onnx import helper
 
 from onnxtrain.errors import PassError
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import has_subgraphs
+from onnxtrain.ir.passes import clone, has_subgraphs
 
 __all__ = ["ChunkUpdate", "chunk_name", "chunk_bounds", "ELEMENTWISE"]
 
@@ -145,8 +145,7 @@ class ChunkUpdate(Pass):
                 raise PassError(f"the optimizer graph's output {vi.name!r} is one of its inputs")
             outputs.extend(_chunked_values(vi, self.bounds) if vi.name in vectors else [vi])
         graph = helper.make_graph(nodes, g.name, inputs, outputs, initializer=list(g.initializer))
-        chunked = onnx.ModelProto()
-        chunked.CopyFrom(model)
+        chunked = clone(model)
         chunked.graph.CopyFrom(graph)
         return PassResult(chunked, True)
 
@@ -170,8 +169,7 @@ def _scalar_names(model: onnx.ModelProto) -> set[str]:
 
 
 def _copy(node: onnx.NodeProto, vectors: set[str], i: int, outputs: list[str] | None = None) -> onnx.NodeProto:
-    copy = onnx.NodeProto()
-    copy.CopyFrom(node)
+    copy = clone(node)
     copy.name = chunk_name(node.name or node.output[0], i)
     for k, x in enumerate(copy.input):
         if x in vectors:

@@ -32,7 +32,7 @@ from onnx import helper
 from onnxtrain import conventions as names
 from onnxtrain.errors import PassError
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import default_opset, has_subgraphs, used_names
+from onnxtrain.ir.passes import clone, default_opset, has_subgraphs, used_names
 from onnxtrain.runtime.passes.chunk_update import chunk_name
 
 __all__ = ["FuseOptimizer", "FusedNames"]
@@ -119,8 +119,7 @@ class FuseOptimizer(Pass):
         nodes.extend(_renamed_nodes(og, fused))
 
         for init in og.initializer:
-            renamed = onnx.TensorProto()
-            renamed.CopyFrom(init)
+            renamed = clone(init)
             renamed.name = fused(init.name)
             initializers.append(renamed)
         inputs = [*tg.input, *(_renamed_value(i, fused) for i in og.input if i.name not in gradient_inputs)]
@@ -128,8 +127,7 @@ class FuseOptimizer(Pass):
         outputs = [o for o in tg.output if o.name not in set(grad_outputs)]
         outputs += [*(_renamed_value(i, fused) for i in gradient_vis), *(_renamed_value(o, fused) for o in og.output)]
         graph = helper.make_graph(nodes, f"{tg.name}+{og.name}", inputs, outputs, initializer=initializers)
-        model = onnx.ModelProto()
-        model.CopyFrom(train)
+        model = clone(train)
         model.graph.CopyFrom(graph)
         model.ClearField("metadata_props")
         model.metadata_props.add(key=_PREFIX_KEY, value=prefix)
@@ -180,8 +178,7 @@ def _renamed_nodes(graph: onnx.GraphProto, fused: FusedNames) -> list[onnx.NodeP
     for node in graph.node:
         if has_subgraphs(node):
             raise PassError("the optimizer graph has subgraphs")
-        copy = onnx.NodeProto()
-        copy.CopyFrom(node)
+        copy = clone(node)
         copy.name = fused(node.name or node.output[0])
         for field in (copy.input, copy.output):
             for i, x in enumerate(field):
@@ -192,7 +189,6 @@ def _renamed_nodes(graph: onnx.GraphProto, fused: FusedNames) -> list[onnx.NodeP
 
 
 def _renamed_value(value: onnx.ValueInfoProto, fused: FusedNames) -> onnx.ValueInfoProto:
-    copy = onnx.ValueInfoProto()
-    copy.CopyFrom(value)
+    copy = clone(value)
     copy.name = fused(value.name)
     return copy

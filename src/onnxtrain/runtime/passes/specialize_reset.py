@@ -30,7 +30,7 @@ from onnx import helper
 from onnxtrain import conventions as names
 from onnxtrain.errors import PassError
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import node_inputs, prune_nodes, rename_values
+from onnxtrain.ir.passes import clone, node_inputs, prune_nodes, rename_values
 
 __all__ = ["SpecializeReset"]
 
@@ -79,8 +79,7 @@ class SpecializeReset(Pass):
                 nodes.extend(replaced[id(n)])
                 continue
             if not rename.keys().isdisjoint(n.output):
-                copy = onnx.NodeProto()
-                copy.CopyFrom(n)
+                copy = clone(n)
                 rename_values([copy], rename)
                 n = copy
             nodes.append(n)
@@ -92,8 +91,7 @@ def _with_nodes(model: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> onnx.Mod
     """A copy of ``model`` with ``nodes``, and only the inputs and initializers they read."""
     graph = model.graph
     used = {x for n in nodes for x in node_inputs(n)}
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out = clone(model)
     for field, kept in ((out.graph.node, nodes), (out.graph.input, [i for i in graph.input if i.name in used]),
                         (out.graph.initializer, [i for i in graph.initializer if i.name in used])):
         del field[:]
