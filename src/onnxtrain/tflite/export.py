@@ -21,7 +21,7 @@ def export_flatbuffer(training_model: str | onnx.ModelProto, eval_model: str | o
     """Write the weights of ``checkpoint`` into a copy of the flatbuffer the model was imported from.
 
     The flatbuffer comes from ``source`` (the imported ONNX model) if given, else from the training model's
-    metadata (`onnxtrain generate` puts it there). Every weight goes through the exported inference model,
+    metadata (generation puts it there). Every weight goes through the exported inference model,
     so frozen and trained weights alike are written, and LoRA adapters are merged into theirs.
     """
     from onnxtrain.api import CheckpointState, Module
