@@ -25,12 +25,13 @@ def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what
     arrays = []
     symbols: dict[str, int] = {}
     for meta, value in zip(metas, values):
-        array = np.asarray(value)
-        if meta.dtype == object and array.dtype.kind == "U":  # string tensors: onnxruntime takes object arrays
-            array = array.astype(object)
+        array = value if type(value) is np.ndarray else np.asarray(value)
         if array.dtype != meta.dtype:
-            raise InputError(f"{what}: input {meta.name!r} expects dtype {meta.dtype}, got {array.dtype} "
-                             f"(expected {describe(meta)}, got {array.dtype}{list(array.shape)})")
+            if meta.dtype == object and array.dtype.kind == "U":  # string tensors: onnxruntime takes object arrays
+                array = array.astype(object)
+            else:
+                raise InputError(f"{what}: input {meta.name!r} expects dtype {meta.dtype}, got {array.dtype} "
+                                 f"(expected {describe(meta)}, got {array.dtype}{list(array.shape)})")
         if meta.shape is not None:
             if array.ndim != len(meta.shape):
                 raise InputError(f"{what}: input {meta.name!r} expects rank {len(meta.shape)} "
@@ -43,7 +44,7 @@ def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what
                     if symbols.setdefault(want, got) != got:
                         raise InputError(f"{what}: input {meta.name!r} has {want}={got} on axis {axis}, but an "
                                          f"earlier input has {want}={symbols[want]}")
-        arrays.append(np.ascontiguousarray(array))
+        arrays.append(array if array.flags.c_contiguous else np.ascontiguousarray(array))
     return arrays
 
 

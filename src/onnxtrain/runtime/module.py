@@ -49,6 +49,7 @@ class Module:
         train_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
         self.training_run = TrainingRun(state.values, train_model, eval_model, device, session_options)
+        self._train_names = [m.name for m in self.training_run.train_inputs]
         self.training = True
         self.nonfinite_steps = 0
 
@@ -80,8 +81,8 @@ class Module:
 
     def __call__(self, *user_inputs):
         self.training_run.values.require_loaded()
-        ort_values = any(_is_ortvalue(v) for v in user_inputs)
-        arrays = [v.numpy() if _is_ortvalue(v) else v for v in user_inputs]
+        ort_values = any(map(_is_ortvalue, user_inputs))
+        arrays = [v.numpy() if _is_ortvalue(v) else v for v in user_inputs] if ort_values else user_inputs
         outputs = self._train_step(arrays) if self.training else self._eval_step(arrays)
         if ort_values:
             outputs = [owned_ortvalue(o) for o in outputs]
@@ -90,7 +91,7 @@ class Module:
     def _train_step(self, arrays) -> list[np.ndarray]:
         run = self.training_run
         arrays = check_inputs(run.train_inputs, arrays, "training step")
-        extras = run.train_step(dict(zip((m.name for m in run.train_inputs), arrays)))
+        extras = run.train_step(dict(zip(self._train_names, arrays)))
         if not run.last_loss_finite:
             self._nonfinite_loss()
         return [run.loss.copy(), *extras]

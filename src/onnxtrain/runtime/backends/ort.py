@@ -84,16 +84,20 @@ class OrtSession(Session):
         self._session = ort.InferenceSession(model.SerializeToString(), sess_options=session_options,
                                              providers=["CPUExecutionProvider"])
         self._bindings: OrderedDict[tuple, _Binding] = OrderedDict()
+        self._string_inputs = any(m.dtype == object for m in self.inputs)  # IOBindings cannot bind them
 
     def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], fetch: list[str],
             state: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
-        state = {k: v for k, v in (state or {}).items() if k in self.input_names}
-        if any(np.asarray(a).dtype == object for a in feeds.values()):
-            return self._run_unbound(feeds, out, fetch, state)
+        state = state or {}
+        if self._string_inputs and any(np.asarray(a).dtype == object for a in feeds.values()):
+            return self._run_unbound(feeds, out, fetch, {k: v for k, v in state.items() if k in self.input_names})
+        # The key is the identity of every persistent array given, used by the model or not: a training step
+        # passes the same objects every time, so the lookup needs no filtering (a miss filters once).
         key = (*map(id, state.values()), *map(id, out.values()), *out)
         binding = self._bindings.get(key)
         if binding is None:
-            binding = self._bindings[key] = _Binding(self._session, state, out)
+            used = {k: v for k, v in state.items() if k in self.input_names}
+            binding = self._bindings[key] = _Binding(self._session, used, out)
             if len(self._bindings) > _MAX_BINDINGS:
                 self._bindings.popitem(last=False)
         else:
@@ -101,7 +105,9 @@ class OrtSession(Session):
         io = binding.io
         for name, array in feeds.items():
             if name in self.input_names:
-                io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array)))
+                # bind_cpu_input binds the array's memory (and keeps a reference to it) without building a
+                # Python OrtValue: a few microseconds per feed less, on every step of a small model.
+                io.bind_cpu_input(name, np.ascontiguousarray(array))
         # Fetched outputs are re-bound on every run: after a run the binding holds the OrtValues it allocated,
         # which would be reused as pre-allocated outputs next time (failing when the batch size changes) and
         # returned again as views, so an array returned by one run would be overwritten by the next.
