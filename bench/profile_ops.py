@@ -40,8 +40,8 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def ensure_interpreter(impl):
-    """Re-exec under the interpreter bench/run.py would use for impl, unless this one already fits."""
+def ensure_interpreter(impl, script=__file__):
+    """Re-exec ``script`` under the interpreter bench/run.py would use for impl, unless this one already fits."""
     import run  # standard library only
 
     env = dict(os.environ)
@@ -57,7 +57,7 @@ def ensure_interpreter(impl):
         if path.split(os.pathsep)[0] != SRC:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC] + [x for x in [path] if x]))
     if os.path.abspath(info["executable"]) != os.path.abspath(sys.executable) or env != dict(os.environ):
-        os.execve(info["executable"], [info["executable"], os.path.abspath(__file__), *sys.argv[1:]], env)
+        os.execve(info["executable"], [info["executable"], os.path.abspath(script), *sys.argv[1:]], env)
 
 
 def profile(args, prefix):
