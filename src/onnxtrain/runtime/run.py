@@ -213,10 +213,11 @@ class TrainingRun:
         return self._variants[reset]
 
     def _fusing(self) -> bool:
-        """Fuse when an optimizer is attached and the last cycle had one training call per optimizer step (an
-        accumulation loop would throw the update away at every call but the last)."""
-        return (self.fuse and self._update is not None and self._calls_since_step == 0
-                and self._calls_last_cycle == 1)
+        """Fuse when an optimizer is attached, its update is double-buffered (an update computed in place could
+        not be thrown away) and the last cycle had one training call per optimizer step (an accumulation loop
+        would throw the update away at every call but the last)."""
+        return (self.fuse and self._update is not None and not self._update.in_place
+                and self._calls_since_step == 0 and self._calls_last_cycle == 1)
 
     def _fused_session_for(self, reset: bool):
         """(session, names) of the training graph fused with the optimizer graph, or None if they cannot be
