@@ -5,7 +5,8 @@ the contract every pass keeps)."""
 from onnxtrain.runtime.passes.chunk_update import ChunkUpdate, chunk_bounds, chunk_name
 from onnxtrain.runtime.passes.fuse_optimizer import FusedNames, FuseOptimizer
 from onnxtrain.runtime.passes.in_place import InPlaceUpdate
+from onnxtrain.runtime.passes.scatter_gradient import ScatterIntoGradient, zeroed_before_run
 from onnxtrain.runtime.passes.specialize_reset import SpecializeReset
 
 __all__ = ["SpecializeReset", "FuseOptimizer", "FusedNames", "ChunkUpdate", "chunk_bounds", "chunk_name",
-           "InPlaceUpdate"]
+           "InPlaceUpdate", "ScatterIntoGradient", "zeroed_before_run"]
