@@ -8,7 +8,7 @@ inputs and outputs for a run.
 On onnxruntime, from ``MIN_CHUNKS`` chunks up (about 1M parameters), the graph runs split into chunks of about
 ``CHUNK`` elements bound to slices of the vectors (runtime/passes/chunk_update.py), each chunk's ops running
 while its slices are in the cache, and **in place** (runtime/passes/in_place.py): the new parameters and states
-are written over the old ones, gated on the gradients being finite, so a skipped step leaves them as they were.
+are written over the old ones, after the gradients were found finite (so a skipped step leaves them as they were).
 One copy of the parameters and of each state, where double buffers would hold two (docs/memory.md).
 
 Smaller models (or graphs the passes cannot rewrite) run whole and double-buffered: the new values go to the
@@ -69,6 +69,8 @@ class UpdateGraph:
         self.in_place = False
         if self.bounds is not None:
             self.in_place, self.model = self._in_place(self.model, len(self.bounds))
+        if self.in_place:
+            self.checks_finite = False  # the flag is not computed in the graph: TrainingRun checks first
         self._values = values
         self._device, self._session_options = device, session_options
         self._session = self._open()  # now, so that a broken optimizer model fails here
@@ -95,7 +97,7 @@ class UpdateGraph:
         pairs = [(chunk_name(n, i), chunk_name(names.output_name(n), i))
                  for n in (names.PARAMS, *self.meta.states) for i in range(chunks)]
         try:
-            return True, InPlaceUpdate(pairs, names.GRADIENTS_FINITE if self.checks_finite else None)(model).model
+            return True, InPlaceUpdate(pairs, drop=[names.GRADIENTS_FINITE])(model).model
         except PassError as exc:
             logger.info("updating the parameters double-buffered, not in place: %s", exc)
             return False, model
