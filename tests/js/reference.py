@@ -3,7 +3,7 @@
     python tests/js/reference.py OUT_DIR
 
 writes, for each case (``mlp_sgd``, ``mlp_adamw``, ``cnn_sgd``, ``cnn_adamw``), ``OUT_DIR/<case>/`` with the
-artifacts generate_artifacts writes, ``data.safetensors`` (the batches ``x/<i>``, ``y/<i>`` and an eval batch),
+artifacts generate_artifacts writes, the train-step model (``write_train_step_model``), ``data.safetensors`` (the batches ``x/<i>``, ``y/<i>`` and an eval batch),
 ``expected.ckpt`` (Python's CheckpointState after the steps, optimizer state included) and
 ``reference.safetensors`` (the loss of every step, the eval loss and outputs). ``resume/`` holds the
 mid-training checkpoint ``half.ckpt`` of ``cnn_adamw`` for the resume test. ``cases.json`` lists every case
@@ -82,12 +82,14 @@ def train(folder: Path, batches, lr: float, start=None, first: int = 0, last: in
 def write_case(out: Path, case: str) -> dict:
     from onnxtrain.api import CheckpointState
     from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
+    from onnxtrain.artifacts.fused import write_train_step_model
 
     kind, optim, lr, steps, batch = CASES[case]
     folder = out / case
     model, _, output = build_model(kind)
     generate_artifacts(model, loss=LossType.CrossEntropyLoss, optimizer=getattr(OptimType, optim),
                        artifact_directory=str(folder), additional_output_names=[output])
+    write_train_step_model(folder)
     batches = make_batches(kind, steps, batch)
     data = {f"x/{i}": x for i, (x, _) in enumerate(batches)} | {f"y/{i}": y for i, (_, y) in enumerate(batches)}
     safetensors.numpy.save_file(data, str(folder / "data.safetensors"))

@@ -27,11 +27,34 @@ export function compareWithCheckpoint(state, expectedBytes) {
 }
 
 /**
- * Train case `name` (info from cases.json) from `dir` with `api` (bindEngine(ort)); `from` is an optional
- * checkpoint path and first step (the resume test). Returns losses, eval results and the agreement with Python.
+ * `ort` with every session's run() counted: `runs.total`, and per session (in creation order) its output
+ * names and count. The tests use it to see which graphs a training step ran.
  */
-export async function runCase(api, load, dir, info, { checkpoint = `${dir}/checkpoint`, first = 0 } = {}) {
-  const { ort } = api;
+export function countingEngine(ort) {
+  const runs = { total: 0, sessions: [] };
+  const create = async (...args) => {
+    const session = await ort.InferenceSession.create(...args);
+    const entry = { outputNames: [...session.outputNames], count: 0 };
+    runs.sessions.push(entry);
+    const run = session.run.bind(session);
+    session.run = (...runArgs) => {
+      entry.count += 1;
+      runs.total += 1;
+      return run(...runArgs);
+    };
+    return session;
+  };
+  return { engine: { ...ort, InferenceSession: { create } }, runs };
+}
+
+/**
+ * Train case `name` (info from cases.json) from `dir` with `bind` (bindEngine) and `ort`; `checkpoint` and
+ * `first` start from a mid-training checkpoint (the resume test); `fused` passes the train-step model.
+ * Returns losses, eval results, session runs per step and the agreement with Python.
+ */
+export async function runCase(bind, ort, load, dir, info, { checkpoint = `${dir}/checkpoint`, first = 0, fused = true } = {}) {
+  const { engine, runs } = countingEngine(ort);
+  const api = bind(engine);
   const data = readSafetensors(await load(`${dir}/data.safetensors`), 'data').tensors;
   const reference = readSafetensors(await load(`${dir}/reference.safetensors`), 'reference').tensors;
   const session = await api.TrainingSession.create({
@@ -39,6 +62,7 @@ export async function runCase(api, load, dir, info, { checkpoint = `${dir}/check
     trainModel: await load(`${dir}/training_model.onnx`),
     evalModel: await load(`${dir}/eval_model.onnx`),
     optimizerModel: await load(`${dir}/optimizer_model.onnx`),
+    trainStepModel: fused ? await load(`${dir}/train_step_model.onnx`) : undefined,
   });
   session.setLearningRate(info.lr);
   const feed = (i) => {
@@ -55,11 +79,13 @@ export async function runCase(api, load, dir, info, { checkpoint = `${dir}/check
     await session.lazyResetGrad();
   }
   const stepMs = (performance.now() - started) / (info.steps - first);
+  const runsPerStep = runs.total / (info.steps - first);
   const evaluated = await session.runEvalStep(feed(info.steps));
   const pyLosses = Array.from(reference.get('losses').data).slice(first);
   const result = {
     losses,
     stepMs,
+    runsPerStep,
     lossError: Math.max(...losses.map((l, i) => Math.abs(l - pyLosses[i]) / Math.abs(pyLosses[i]))),
     evalLossError: relativeError(evaluated.loss.data, reference.get('eval/loss').data),
     evalOutputError: relativeError(evaluated[info.output].data, reference.get('eval/output').data),
@@ -74,13 +100,17 @@ export async function runCase(api, load, dir, info, { checkpoint = `${dir}/check
 
 export { CheckpointState };
 
-/** Median training step time (train step + optimizer step + reset) in ms over `steps` steps after 3 warm-up steps. */
-export async function benchCase(api, load, dir, info, steps = 30) {
+/**
+ * Median training step time (train step + optimizer step + reset) in ms over `steps` steps after 3 warm-up
+ * steps; `fused` passes the train-step model.
+ */
+export async function benchCase(api, load, dir, info, { steps = 30, fused = true } = {}) {
   const { ort } = api;
   const data = readSafetensors(await load(`${dir}/data.safetensors`), 'data').tensors;
   const session = await api.TrainingSession.create({
     checkpointState: await load(`${dir}/checkpoint`), trainModel: await load(`${dir}/training_model.onnx`),
     optimizerModel: await load(`${dir}/optimizer_model.onnx`),
+    trainStepModel: fused ? await load(`${dir}/train_step_model.onnx`) : undefined,
   });
   session.setLearningRate(info.lr);
   const x = data.get('x/0');
