@@ -5,10 +5,10 @@
 writes, for each case (``mlp_sgd``, ``mlp_adamw``, ``cnn_sgd``, ``cnn_adamw``), ``OUT_DIR/<case>/`` with the
 artifacts generate_artifacts writes, the train-step model (``write_train_step_model``), ``data.safetensors``
 (the batches ``x/<i>``, ``y/<i>`` and an eval batch), ``expected.ckpt`` (Python's CheckpointState after the
-steps, optimizer state included) and ``reference.safetensors`` (the loss of every step, the eval loss and outputs). ``resume/`` holds the
-mid-training checkpoint ``half.ckpt`` of ``cnn_adamw`` for the resume test. ``cases.json`` lists every case
-with its learning rate and step count. Everything is small and built in a few seconds, so nothing large is
-committed: the tests call this script.
+steps, optimizer state included) and ``reference.safetensors`` (the loss of every step, the eval loss and
+outputs). ``resume/`` holds the mid-training checkpoint ``half.ckpt`` of ``cnn_adamw`` for the resume test.
+``cases.json`` lists every case with its learning rate and step count. Everything is small and built in a few
+seconds, so nothing large is committed: the tests call this script.
 """
 
 from __future__ import annotations
