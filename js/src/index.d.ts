@@ -75,6 +75,8 @@ export class Module {
   readonly state: CheckpointState;
   training: boolean;
   nonfiniteSteps: number;
+  /** Training calls that ran the train-step model (the rest ran the training graph alone). */
+  fusedCalls: number;
   /** Run the train-step model when the loop allows it (false: always the two graphs; same results). */
   fuse: boolean;
   /** Use a train-step model for the training calls it applies to (null detaches it). */

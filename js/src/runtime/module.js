@@ -43,6 +43,8 @@ export class Module {
     this._eval = evalSession;
     this.training = true;
     this.nonfiniteSteps = 0;
+    /** Training calls that ran the train-step model (the rest ran the training graph alone). */
+    this.fusedCalls = 0;
     this.lastLossFinite = true;
     this._resetPending = true;
     const tensor = (data, shape) => new ort.Tensor('float32', data, shape);
@@ -131,6 +133,7 @@ export class Module {
       outputs = result.outputs;
       state.grads.vector.set(result.gradients.data);
       this._prepared = new PreparedUpdate(fused.optimizer, state, result.update);
+      this.fusedCalls += 1;
     } else {
       outputs = await run(this._train, { ...userFeeds, ...this._stateFeeds, ...this._gradFeeds, ...this._resetFeed },
         'training step');

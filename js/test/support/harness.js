@@ -101,30 +101,45 @@ export async function runCase(bind, ort, load, dir, info, { checkpoint = `${dir}
 export { CheckpointState };
 
 /**
- * Median training step time (train step + optimizer step + reset) in ms over `steps` steps after 3 warm-up
- * steps; `fused` passes the train-step model.
+ * Step time (train step + optimizer step + reset) in ms with the train-step model (`fused`: one session run)
+ * and without it (`separate`: the training and optimizer graphs), both sessions in this process and their
+ * rounds alternating, so both see the same load and the same compiled WebAssembly. Each session first runs
+ * `warmup` steps; then `rounds` rounds of `steps` steps each; the figures are medians over the rounds, and
+ * `ratio` the median of the per-round fused / separate ratios.
  */
-export async function benchCase(api, load, dir, info, { steps = 30, fused = true } = {}) {
+export async function benchPair(api, load, dir, info, { warmup = 20, rounds = 7, steps = 10 } = {}) {
   const { ort } = api;
   const data = readSafetensors(await load(`${dir}/data.safetensors`), 'data').tensors;
-  const session = await api.TrainingSession.create({
+  const files = {
     checkpointState: await load(`${dir}/checkpoint`), trainModel: await load(`${dir}/training_model.onnx`),
     optimizerModel: await load(`${dir}/optimizer_model.onnx`),
-    trainStepModel: fused ? await load(`${dir}/train_step_model.onnx`) : undefined,
-  });
-  session.setLearningRate(info.lr);
+  };
+  const sessions = {
+    separate: await api.TrainingSession.create({ ...files, checkpointState: files.checkpointState.slice() }),
+    fused: await api.TrainingSession.create({ ...files, trainStepModel: await load(`${dir}/train_step_model.onnx`) }),
+  };
   const x = data.get('x/0');
   const y = data.get('y/0');
   const feeds = { [info.input]: new ort.Tensor('float32', x.data, x.shape), labels: new ort.Tensor('int64', y.data, y.shape) };
-  const times = [];
-  for (let i = 0; i < steps + 3; i++) {
+  const train = async (session, n) => {
     const started = performance.now();
-    await session.runTrainStep(feeds);
-    await session.runOptimizerStep();
-    await session.lazyResetGrad();
-    if (i >= 3) times.push(performance.now() - started);
+    for (let i = 0; i < n; i++) {
+      await session.runTrainStep(feeds);
+      await session.runOptimizerStep();
+      await session.lazyResetGrad();
+    }
+    return (performance.now() - started) / n;
+  };
+  for (const session of Object.values(sessions)) {
+    session.setLearningRate(info.lr);
+    await train(session, warmup);
   }
-  await session.release();
-  times.sort((a, b) => a - b);
-  return times[Math.floor(times.length / 2)];
+  const times = { separate: [], fused: [] };
+  for (let round = 0; round < rounds; round++) {
+    for (const [name, session] of Object.entries(sessions)) times[name].push(await train(session, steps));
+  }
+  for (const session of Object.values(sessions)) await session.release();
+  const median = (values) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)];
+  return { separate: median(times.separate), fused: median(times.fused),
+    ratio: median(times.fused.map((t, i) => t / times.separate[i])) };
 }
