@@ -13,7 +13,6 @@
 import * as names from '../conventions.js';
 import { trainingMetadata } from './model-metadata.js';
 import { readBytes } from './io.js';
-import { PreparedUpdate } from './train-step.js';
 
 export class Module {
   /**
@@ -129,10 +128,10 @@ export class Module {
       const inputs = { ...userFeeds, ...this._stateFeeds };
       if (fused.takesGradientBuffers) Object.assign(inputs, this._gradFeeds);
       if (fused.reset === null) Object.assign(inputs, this._resetFeed);
-      const result = await fused.run(inputs);
+      const result = await fused.run(inputs, state);
       outputs = result.outputs;
       state.grads.vector.set(result.gradients.data);
-      this._prepared = new PreparedUpdate(fused.optimizer, state, result.update);
+      this._prepared = result.prepared;
       this.fusedCalls += 1;
     } else {
       outputs = await run(this._train, { ...userFeeds, ...this._stateFeeds, ...this._gradFeeds, ...this._resetFeed },

@@ -54,16 +54,17 @@ export class TrainStep {
   }
 
   /**
-   * One fused run: `inputs` are the training graph's (user feeds, state, gradient buffers and flag as needed).
-   * Returns the outputs and the update it prepared (optimizer output name -> tensor).
+   * One fused run: `inputs` are the training graph's (user feeds, state, gradient buffers and flag as needed),
+   * `state` the CheckpointState they come from. Returns the outputs, the flat gradient and the update prepared.
    */
-  async run(inputs) {
+  async run(inputs, state) {
     this.optimizer.prepareFeeds();
     const feeds = { ...inputs, ...this._optimizerFeeds };
     const outputs = await run(this._session, feeds, 'training step (fused with the optimizer)');
     const update = {};
     for (const name of this.optimizer.outputNames()) update[name] = outputs[this.name(name)];
-    return { outputs, gradients: outputs[this.name(names.GRADIENTS)], update };
+    return { outputs, gradients: outputs[this.name(names.GRADIENTS)],
+      prepared: new PreparedUpdate(this.optimizer, state, update) };
   }
 
   async release() {
