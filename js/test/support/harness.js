@@ -14,7 +14,7 @@ export function relativeError(actual, expected) {
   return scale === 0 ? diff : diff / scale;
 }
 
-/** The worst relative error over every trainable parameter and optimizer state of `state` vs a checkpoint's. */
+/** The worst relative error over every trainable parameter, optimizer state and buffer of `state` vs a checkpoint's. */
 export function compareWithCheckpoint(state, expectedBytes) {
   const expected = loadCheckpoint(expectedBytes, 'expected checkpoint');
   const data = state.toData(true);
@@ -23,6 +23,7 @@ export function compareWithCheckpoint(state, expectedBytes) {
   for (const [name, states] of expected.optimizer) {
     for (const [s, t] of states) worst = Math.max(worst, relativeError(data.optimizer.get(name).get(s).data, t.data));
   }
+  for (const [name, t] of expected.buffers) worst = Math.max(worst, relativeError(data.buffers.get(name).data, t.data));
   return { worst, stepJs: data.step, stepPy: expected.step };
 }
 
