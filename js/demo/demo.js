@@ -41,10 +41,13 @@ async function fetchBytes(path) {
 }
 
 async function openSession(checkpoint) {
-  const [trainModel, evalModel, optimizerModel] = await Promise.all(
-    ['training_model.onnx', 'eval_model.onnx', 'optimizer_model.onnx'].map((f) => fetchBytes(`/artifacts/${f}`)));
+  // train_step_model.onnx: the training and optimizer graphs fused (one session run per step).
+  const files = ['training_model.onnx', 'eval_model.onnx', 'optimizer_model.onnx', 'train_step_model.onnx'];
+  const [trainModel, evalModel, optimizerModel, trainStepModel] = await Promise.all(
+    files.map((f) => fetchBytes(`/artifacts/${f}`)));
   // A copy: the session's state must not alias the pristine bytes "back to pretrained" reloads.
-  const session = await TrainingSession.create({ checkpointState: checkpoint.slice(), trainModel, evalModel, optimizerModel });
+  const session = await TrainingSession.create({
+    checkpointState: checkpoint.slice(), trainModel, evalModel, optimizerModel, trainStepModel });
   session.setLearningRate(Number($('lr').value));
   // The artifacts name their inputs (image, labels) and outputs (loss, logits).
   [demo.names.input, demo.names.labels] = session.trainingInputNames;
@@ -249,6 +252,7 @@ async function personalize() {
     demo.losses = [];
     seed = 0;
     const started = performance.now();
+    const fusedBefore = demo.session.module.fusedCalls;
     let order = [];
     for (let step = 0; step < steps; step++) {
       if (order.length < Math.min(BATCH, examples.length)) order = shuffled(examples.length);
@@ -270,7 +274,8 @@ async function personalize() {
     const seconds = (performance.now() - started) / 1000;
     const after = await measure();
     showAccuracy('after', after);
-    demo.lastRun = { steps, learningRate, examples: examples.length, before, after, losses: [...demo.losses], seconds };
+    demo.lastRun = { steps, learningRate, examples: examples.length, before, after, losses: [...demo.losses], seconds,
+      fusedSteps: demo.session.module.fusedCalls - fusedBefore };
     setStatus(`trained ${steps} steps on ${examples.length} examples in ${seconds.toFixed(1)} s`);
   } finally {
     await renderExamples().finally(() => setBusy(false));

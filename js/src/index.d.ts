@@ -63,6 +63,10 @@ export class CheckpointState {
   getParameter(name: string): Float32Array | TensorData['data'];
   setParameter(name: string, value: ArrayLike<number>): void;
   getGradient(name: string): Float32Array;
+  /** Bumped by every write to the parameters from outside a training step (an update prepared before is stale). */
+  readonly version: number;
+  /** Set the trainable parameters (then, unless trainableOnly, the frozen ones) from one flat Float32Array. */
+  setParameters(flat: Float32Array, trainableOnly?: boolean): void;
 }
 
 /** Runs the training and eval graphs (onnxruntime.training.api.Module). */
@@ -71,6 +75,12 @@ export class Module {
   readonly state: CheckpointState;
   training: boolean;
   nonfiniteSteps: number;
+  /** Training calls that ran the train-step model (the rest ran the training graph alone). */
+  fusedCalls: number;
+  /** Run the train-step model when the loop allows it (false: always the two graphs; same results). */
+  fuse: boolean;
+  /** Use a train-step model for the training calls it applies to (null detaches it). */
+  attachTrainStep(trainStep: TrainStep | null): void;
   train(mode?: boolean): this;
   eval(): this;
   lazyResetGrad(): void;
@@ -96,11 +106,31 @@ export class Optimizer {
   release(): Promise<void>;
 }
 
+/**
+ * The train-step model (train_step_model.onnx, written by Python's onnxtrain.artifacts.fused): the training
+ * graph fused with the optimizer graph, one session run per training step.
+ */
+export class TrainStep {
+  static create(ort: Engine, trainStepModel: URIorBuffer, module: Module, optimizer: Optimizer, sessionOptions?: object): Promise<TrainStep>;
+  readonly prefix: string;
+  /** The lazy_reset_grad value the graph assumes, or null if the flag is an input. */
+  readonly reset: boolean | null;
+  readonly optimizer: Optimizer;
+  appliesTo(reset: boolean): boolean;
+  release(): Promise<void>;
+}
+
 export interface TrainingSessionCreateOptions {
   checkpointState: URIorBuffer | CheckpointState;
   trainModel: URIorBuffer;
   evalModel?: URIorBuffer;
   optimizerModel?: URIorBuffer;
+  /**
+   * Not in the former API: train_step_model.onnx, written next to the artifacts by Python's
+   * onnxtrain.artifacts.fused.write_train_step_model. Needs optimizerModel; a training step then runs one
+   * session instead of two, with the same results.
+   */
+  trainStepModel?: URIorBuffer;
 }
 
 /** onnxruntime-web's former TrainingSession API, over plain InferenceSessions. */
@@ -132,6 +162,7 @@ export interface BoundApi {
   TrainingSession: { create(trainingOptions: TrainingSessionCreateOptions, sessionOptions?: object): Promise<TrainingSession> };
   Module: { create(trainModel: URIorBuffer, state: CheckpointState, evalModel?: URIorBuffer, sessionOptions?: object): Promise<Module> };
   Optimizer: { create(optimizerModel: URIorBuffer, module: Module, sessionOptions?: object): Promise<Optimizer> };
+  TrainStep: { create(trainStepModel: URIorBuffer, module: Module, optimizer: Optimizer, sessionOptions?: object): Promise<TrainStep> };
 }
 
 /** The API with an engine bound (what 'onnxtrain/web' and 'onnxtrain/node' export). */

@@ -3,7 +3,8 @@
 //   import * as ort from 'onnxruntime-web';
 //   import { bindEngine } from 'onnxtrain';
 //   const { TrainingSession } = bindEngine(ort);      // or: import { TrainingSession } from 'onnxtrain/web'
-//   const session = await TrainingSession.create({checkpointState, trainModel, evalModel, optimizerModel});
+//   const session = await TrainingSession.create({checkpointState, trainModel, evalModel, optimizerModel,
+//     trainStepModel});                               // optional: one session run per step
 //   const { loss } = await session.runTrainStep({input, labels});
 //   await session.runOptimizerStep(); await session.lazyResetGrad();
 //   const bytes = await session.saveCheckpoint();     // loads in Python: CheckpointState.load_checkpoint
@@ -12,8 +13,9 @@ import { TrainingSession } from './training-session.js';
 import { Module } from './runtime/module.js';
 import { Optimizer } from './runtime/optimizer.js';
 import { CheckpointState } from './runtime/state.js';
+import { TrainStep } from './runtime/train-step.js';
 
-export { TrainingSession, Module, Optimizer, CheckpointState };
+export { TrainingSession, Module, Optimizer, CheckpointState, TrainStep };
 export { CheckpointData, tensorKey, splitTensorKey } from './checkpoint/data.js';
 export { CheckpointError, loadCheckpoint, saveCheckpoint, readSafetensors, writeSafetensors, CHECKPOINT_FORMAT_VERSION } from './checkpoint/format.js';
 export { readMetadataProps } from './runtime/model-metadata.js';
@@ -31,5 +33,6 @@ export function bindEngine(ort) {
     },
     Module: { create: (...args) => Module.create(ort, ...args) },
     Optimizer: { create: (...args) => Optimizer.create(ort, ...args) },
+    TrainStep: { create: (...args) => TrainStep.create(ort, ...args) },
   };
 }

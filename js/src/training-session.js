@@ -6,22 +6,30 @@
 import { CheckpointState } from './runtime/state.js';
 import { Module } from './runtime/module.js';
 import { Optimizer } from './runtime/optimizer.js';
+import { TrainStep } from './runtime/train-step.js';
 
 export class TrainingSession {
   /**
-   * Load the artifacts (URIs or Uint8Arrays; the checkpoint may also be a CheckpointState).
+   * Load the artifacts (URIs or Uint8Arrays; the checkpoint may also be a CheckpointState). `trainStepModel`
+   * (optional, not in the former API) is train_step_model.onnx, the training and optimizer graphs fused by
+   * onnxtrain.artifacts.fused: a training step then runs one session instead of two, with the same results.
    * @param {object} ort the engine (bound for you by 'onnxtrain/web' and 'onnxtrain/node')
    * @param {{checkpointState: string | Uint8Array | CheckpointState, trainModel: string | Uint8Array,
-   *          evalModel?: string | Uint8Array, optimizerModel?: string | Uint8Array}} trainingOptions
+   *          evalModel?: string | Uint8Array, optimizerModel?: string | Uint8Array,
+   *          trainStepModel?: string | Uint8Array}} trainingOptions
    * @param {object} [sessionOptions] onnxruntime InferenceSession options for every session
    */
   static async createWith(ort, trainingOptions, sessionOptions = {}) {
-    const { checkpointState, trainModel, evalModel, optimizerModel } = trainingOptions;
+    const { checkpointState, trainModel, evalModel, optimizerModel, trainStepModel } = trainingOptions;
+    const given = (x) => x !== undefined && x !== null;
+    if (given(trainStepModel) && !given(optimizerModel)) {
+      throw new Error('trainStepModel needs the optimizerModel it was built from: pass both to create()');
+    }
     const state = checkpointState instanceof CheckpointState ? checkpointState
       : await CheckpointState.loadCheckpoint(checkpointState);
     const module = await Module.create(ort, trainModel, state, evalModel, sessionOptions);
-    const optimizer = optimizerModel === undefined || optimizerModel === null ? null
-      : await Optimizer.create(ort, optimizerModel, module, sessionOptions);
+    const optimizer = given(optimizerModel) ? await Optimizer.create(ort, optimizerModel, module, sessionOptions) : null;
+    if (given(trainStepModel)) module.attachTrainStep(await TrainStep.create(ort, trainStepModel, module, optimizer, sessionOptions));
     return new TrainingSession(ort, state, module, optimizer);
   }
 

@@ -3,5 +3,5 @@ import * as ort from 'onnxruntime-web';
 import { bindEngine } from './index.js';
 
 export * from './index.js';
-export const { TrainingSession, Module, Optimizer } = bindEngine(ort);
+export const { TrainingSession, Module, Optimizer, TrainStep } = bindEngine(ort);
 export { ort };

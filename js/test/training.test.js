@@ -1,5 +1,6 @@
 // Train the MLP and the digits CNN with SGD and AdamW on onnxruntime-node and on onnxruntime-web's WebAssembly
-// backend (in Node.js), on the same data as Python onnxtrain (tests/js/reference.py), and compare.
+// backend (in Node.js), on the same data as Python onnxtrain (tests/js/reference.py), and compare. The cases
+// train with the train-step model (one session run per step); the resume test without it (two runs).
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -12,17 +13,18 @@ import { runCase } from './support/harness.js';
 import { fixtures, load } from './support/fixtures.js';
 
 ortWeb.env.wasm.numThreads = 1;
-const ENGINES = { node: bindEngine(ortNode), web: bindEngine(ortWeb) };
+const ENGINES = { node: ortNode, web: ortWeb };
 const TOLERANCE = 1e-5;
 const { dir, cases } = fixtures();
 
-for (const [engine, api] of Object.entries(ENGINES)) {
+for (const [engine, ort] of Object.entries(ENGINES)) {
   for (const [name, info] of Object.entries(cases)) {
     if (name.startsWith('_')) continue;
     test(`${name} on onnxruntime-${engine}: matches Python after ${info.steps} steps`, async () => {
-      const r = await runCase(api, load, join(dir, name), info);
-      console.log(`${engine} ${name}: loss ${r.losses[0].toFixed(4)} -> ${r.losses.at(-1).toFixed(4)}, parameter/state rel. error ${r.worst.toExponential(2)}, loss ${r.lossError.toExponential(2)}, eval ${r.evalOutputError.toExponential(2)}, ${r.stepMs.toFixed(2)} ms/step`);
+      const r = await runCase(bindEngine, ort, load, join(dir, name), info);
+      console.log(`${engine} ${name}: loss ${r.losses[0].toFixed(4)} -> ${r.losses.at(-1).toFixed(4)}, parameter/state rel. error ${r.worst.toExponential(2)}, loss ${r.lossError.toExponential(2)}, eval ${r.evalOutputError.toExponential(2)}, ${r.stepMs.toFixed(2)} ms/step, ${r.runsPerStep} session runs/step`);
       assert.ok(r.worst <= TOLERANCE, `parameters differ from Python's by ${r.worst}`);
+      assert.equal(r.runsPerStep, 1, 'the train-step model (one session run per step) was not used');
       assert.equal(r.stepJs, r.stepPy);
       assert.ok(r.lossError <= TOLERANCE && r.evalLossError <= TOLERANCE && r.evalOutputError <= TOLERANCE,
         `losses or eval differ: ${r.lossError}, ${r.evalLossError}, ${r.evalOutputError}`);
@@ -34,9 +36,11 @@ for (const [engine, api] of Object.entries(ENGINES)) {
     });
   }
 
-  test(`a Python checkpoint resumes on onnxruntime-${engine}`, async () => {
+  test(`a Python checkpoint resumes on onnxruntime-${engine} (two graphs per step, no train-step model)`, async () => {
     const { case: name, from_step: first } = cases._resume;
-    const r = await runCase(api, load, join(dir, name), cases[name], { checkpoint: join(dir, 'resume', 'half.ckpt'), first });
+    const r = await runCase(bindEngine, ort, load, join(dir, name), cases[name],
+      { checkpoint: join(dir, 'resume', 'half.ckpt'), first, fused: false });
+    assert.equal(r.runsPerStep, 2);
     console.log(`${engine} resume ${name} from step ${first}: parameter/state rel. error ${r.worst.toExponential(2)}`);
     assert.ok(r.worst <= TOLERANCE, `resumed parameters differ from Python's by ${r.worst}`);
     assert.equal(r.stepJs, cases[name].steps);
@@ -45,7 +49,7 @@ for (const [engine, api] of Object.entries(ENGINES)) {
 }
 
 test('gradients accumulate until lazyResetGrad; getContiguousParameters/loadParametersBuffer round-trip', async () => {
-  const api = ENGINES.node;
+  const api = bindEngine(ortNode);
   const folder = join(dir, 'mlp_sgd');
   const session = await api.TrainingSession.create({ checkpointState: join(folder, 'checkpoint'),
     trainModel: join(folder, 'training_model.onnx'), optimizerModel: join(folder, 'optimizer_model.onnx') });

@@ -18,6 +18,7 @@ __all__ = [
     "LAZY_RESET_GRAD", "grad_buffer_name", "grad_output_name", "buffer_output_name", "TRAINING_META",
     "OPTIMIZER_META", "LORA_META", "LEARNING_RATE", "STEP", "PARAMS", "GRADIENTS", "GRADIENTS_FINITE", "output_name",
     "ARTIFACT_FILES", "OPTIONAL_ARTIFACT_FILES", "artifact_file", "TrainingMeta", "OptimizerMeta",
+    "TRAIN_STEP_META", "TrainStepMeta",
 ]
 
 LAZY_RESET_GRAD = "lazy_reset_grad"
@@ -31,6 +32,7 @@ GRADIENTS_FINITE = "gradients_finite"  # optimizer output: False when a gradient
 TRAINING_META = "onnxtrain.training"
 OPTIMIZER_META = "onnxtrain.optimizer"
 LORA_META = "onnxtrain.lora"  # training and eval models with LoRA adapters (onnxtrain.lora.LoRAMeta)
+TRAIN_STEP_META = "onnxtrain.train_step"  # the train-step model (training + optimizer graph, for js/)
 
 # artifact kind -> file name (generate_artifacts prepends its ``prefix``)
 ARTIFACT_FILES: dict[str, str] = {
@@ -39,8 +41,11 @@ ARTIFACT_FILES: dict[str, str] = {
     "optimizer": "optimizer_model.onnx",
     "checkpoint": "checkpoint",
 }
-# Written only on request (generate_artifacts(nominal_checkpoint=True)): shapes without values.
-OPTIONAL_ARTIFACT_FILES: dict[str, str] = {"nominal_checkpoint": "nominal_checkpoint"}
+# Written only on request: shapes without values (generate_artifacts(nominal_checkpoint=True)); the training
+# graph fused with the optimizer graph, one run per step for runtimes that cannot fuse them (js/;
+# onnxtrain.artifacts.fused.write_train_step_model).
+OPTIONAL_ARTIFACT_FILES: dict[str, str] = {"nominal_checkpoint": "nominal_checkpoint",
+                                           "train_step": "train_step_model.onnx"}
 
 
 def artifact_file(kind: str, prefix: str = "") -> str:
@@ -176,3 +181,40 @@ class OptimizerMeta:
                        str(raw.get("dtype", "float32")))
         except (ValueError, KeyError, TypeError, AttributeError):
             raise ArtifactError(f"the {what} has damaged {OPTIMIZER_META!r} metadata") from None
+
+
+@dataclass(frozen=True)
+class TrainStepMeta:
+    """The interface of the train-step model (the training graph fused with the optimizer graph), stored as
+    JSON under ``TRAIN_STEP_META``; the model also keeps its sources' ``TRAINING_META`` and ``OPTIMIZER_META``,
+    so a runtime checks it was built from the training and optimizer models it is given.
+
+    Attributes:
+        prefix: the optimizer graph's inputs and outputs are named ``prefix + name`` (``optimizer/params``,
+            ``optimizer/params.out``, ``optimizer/gradients`` for the flat gradient).
+        reset: the ``lazy_reset_grad`` value the graph assumes (it then has no such input), or None if the
+            flag is an input.
+    """
+
+    prefix: str
+    reset: bool | None = True
+
+    def to_props(self) -> dict[str, str]:
+        """The ``metadata_props`` entries that carry this description."""
+        return {TRAIN_STEP_META: json.dumps(asdict(self))}
+
+    @classmethod
+    def from_model(cls, model: onnx.ModelProto, what: str = "train-step model") -> TrainStepMeta:
+        """Read the description from a train-step model; ArtifactError if absent or damaged."""
+        text = _prop(model, TRAIN_STEP_META)
+        if text is None:
+            raise ArtifactError(f"the {what} was not written by onnxtrain.artifacts.fused (no {TRAIN_STEP_META!r} "
+                                "metadata)")
+        try:
+            raw = json.loads(text)
+            reset = raw.get("reset")
+            if not isinstance(raw["prefix"], str) or reset not in (True, False, None):
+                raise TypeError("prefix must be a string, reset a boolean or null")
+            return cls(raw["prefix"], reset)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise ArtifactError(f"the {what} has damaged {TRAIN_STEP_META!r} metadata") from None

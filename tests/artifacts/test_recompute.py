@@ -1,3 +1,5 @@
+from unittest import mock
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -6,6 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxtrain.artifacts import LossType, generate_artifacts
 from onnxtrain.artifacts.passes import RecomputeInBackward
 from onnxtrain.artifacts.passes.recompute import SUFFIX
+from onnxtrain.ir.pass_infra import Pass, PassResult
 
 N, D, H = 4, 6, 10
 
@@ -31,10 +34,18 @@ def _mlp(activation: str) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _training_model(tmp_path, activation: str) -> onnx.ModelProto:
-    paths = generate_artifacts(_mlp(activation), requires_grad=["W1"], frozen_params=["W2"],
-                               loss=LossType.MSELoss, artifact_directory=tmp_path)
+def _training_model(tmp_path, activation: str, recompute: bool = False) -> onnx.ModelProto:
+    """The generated training model, before generate_artifacts' RecomputeInBackward unless ``recompute``."""
+    with mock.patch("onnxtrain.artifacts.generate.RecomputeInBackward",
+                    RecomputeInBackward if recompute else _Identity):
+        paths = generate_artifacts(_mlp(activation), requires_grad=["W1"], frozen_params=["W2"],
+                                   loss=LossType.MSELoss, artifact_directory=tmp_path)
     return onnx.load(paths["training"])
+
+
+class _Identity(Pass):
+    def call(self, model: onnx.ModelProto) -> PassResult:
+        return PassResult(model, False)
 
 
 def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -81,6 +92,12 @@ def test_the_gelu_backward_keeps_only_its_input(tmp_path):
     feeds = _feeds(model)
     for got, want in zip(_run(result.model, feeds), _run(model, feeds)):  # loss and the gradient of W1
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_generate_artifacts_recomputes_in_every_training_graph(tmp_path):
+    model = _training_model(tmp_path, "gelu", recompute=True)
+    assert _backward_reads(model) & {"u", "e", "t", "m"} == set()
+    assert sorted(n.op_type for n in model.graph.node if n.name.endswith(SUFFIX)) == ["Add", "Div", "Erf"]
 
 
 def test_onnxruntime_does_not_merge_the_copies_back(tmp_path):

@@ -14,12 +14,22 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from safetensors.numpy import load_file
 
 from onnxtrain.api import CheckpointState
 from onnxtrain.cli.common import CliError
-from onnxtrain.cli.web_demo import DEMO_FILE, HELDOUT_FILE, REPLAY_FILE, find_js_dir, make_server, prepare_artifacts
+from onnxtrain.cli.web_demo import (
+    DEMO_FILE,
+    FORMAT,
+    HELDOUT_FILE,
+    REPLAY_FILE,
+    find_js_dir,
+    make_server,
+    prepare_artifacts,
+)
+from onnxtrain.conventions import TrainStepMeta
 from tests.cli.conftest import assert_one_line_error, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,12 +55,14 @@ def test_artifacts_train_the_head_and_ship_digits(artifacts):
     # The held-out digits are not among the pre-training ones (of which the replay digits are a part).
     seen = {row.tobytes() for row in replay["x"]}
     assert not any(row.tobytes() in seen for row in heldout["x"])
+    # The page trains with one session run per step: the train-step model, built for the usual loop.
+    assert TrainStepMeta.from_model(onnx.load(artifacts / "train_step_model.onnx")).reset is True
 
 
 def test_artifacts_are_reused_and_foreign_folders_refused(artifacts, tmp_path):
     said = []
     before = (artifacts / "checkpoint").stat().st_mtime_ns
-    assert prepare_artifacts(artifacts, say=said.append)["format"] == 1
+    assert prepare_artifacts(artifacts, say=said.append)["format"] == FORMAT
     assert "reusing" in said[0] and (artifacts / "checkpoint").stat().st_mtime_ns == before
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(CliError, match="was not made by the web demo"):
@@ -63,6 +75,11 @@ def test_artifacts_are_reused_and_foreign_folders_refused(artifacts, tmp_path):
     said.clear()
     prepare_artifacts(unfinished, epochs=1, say=said.append)
     assert "pre-training" in said[0] and (unfinished / DEMO_FILE).is_file()
+    # A folder of an older format (no train-step model) is made again too.
+    (unfinished / "train_step_model.onnx").unlink()
+    said.clear()
+    prepare_artifacts(unfinished, epochs=1, say=said.append)
+    assert "pre-training" in said[0] and (unfinished / "train_step_model.onnx").is_file()
 
 
 def get(server, path: str) -> http.client.HTTPResponse:

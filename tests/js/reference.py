@@ -2,13 +2,14 @@
 
     python tests/js/reference.py OUT_DIR
 
-writes, for each case (``mlp_sgd``, ``mlp_adamw``, ``cnn_sgd``, ``cnn_adamw``), ``OUT_DIR/<case>/`` with the
-artifacts generate_artifacts writes, ``data.safetensors`` (the batches ``x/<i>``, ``y/<i>`` and an eval batch),
-``expected.ckpt`` (Python's CheckpointState after the steps, optimizer state included) and
-``reference.safetensors`` (the loss of every step, the eval loss and outputs). ``resume/`` holds the
-mid-training checkpoint ``half.ckpt`` of ``cnn_adamw`` for the resume test. ``cases.json`` lists every case
-with its learning rate and step count. Everything is small and built in a few seconds, so nothing large is
-committed: the tests call this script.
+writes, for each case (``mlp_sgd``, ``mlp_adamw``, ``cnn_sgd``, ``cnn_adamw``, ``bn_adamw``: a convolution with
+BatchNorm running statistics), ``OUT_DIR/<case>/`` with the
+artifacts generate_artifacts writes, the train-step model (``write_train_step_model``), ``data.safetensors``
+(the batches ``x/<i>``, ``y/<i>`` and an eval batch), ``expected.ckpt`` (Python's CheckpointState after the
+steps, optimizer state included) and ``reference.safetensors`` (the loss of every step, the eval loss and
+outputs). ``resume/`` holds the mid-training checkpoint ``half.ckpt`` of ``cnn_adamw`` for the resume test.
+``cases.json`` lists every case with its learning rate and step count. Everything is small and built in a few
+seconds, so nothing large is committed: the tests call this script.
 """
 
 from __future__ import annotations
@@ -28,17 +29,20 @@ CASES = {
     "mlp_adamw": ("mlp", "AdamW", 0.01, 20, 16),
     "cnn_sgd": ("cnn", "SGD", 0.05, 10, 32),
     "cnn_adamw": ("cnn", "AdamW", 0.002, 10, 32),
+    "bn_adamw": ("bn", "AdamW", 0.05, 8, 16),
 }
 RESUME_CASE = "cnn_adamw"  # Python trains half the steps and saves; JS resumes from that checkpoint
 
 
 def build_model(kind: str):
-    """The forward model: the tests' MLP (8 features, 4 classes) or the digits CNN of the demo."""
-    if kind == "mlp":
+    """The forward model: the tests' MLP (8 features, 4 classes), their Conv + BatchNorm model (3 classes) or the
+    digits CNN of the demo."""
+    if kind in ("mlp", "bn"):
         sys.path.insert(0, str(ROOT))
-        from tests.models import mlp
+        from tests.models import conv_bn, mlp
 
-        return mlp(features=8, hidden=16, classes=4, seed=0), "input", "output"
+        model = mlp(features=8, hidden=16, classes=4, seed=0) if kind == "mlp" else conv_bn(seed=0)
+        return model, "input", "output"
     from onnxtrain.demo.model import INPUT, OUTPUT, build_cnn
 
     return build_cnn(seed=0), INPUT, OUTPUT
@@ -51,6 +55,10 @@ def make_batches(kind: str, steps: int, batch: int) -> list[tuple[np.ndarray, np
         teacher = rng.standard_normal((8, 4))
         x = rng.standard_normal(((steps + 1) * batch, 8)).astype(np.float32)
         y = np.argmax(x @ teacher, axis=1).astype(np.int64)
+    elif kind == "bn":  # one training batch, seen at every step (the running statistics still move), and an eval one
+        x = rng.standard_normal((2 * batch, 2, 6, 6)).astype(np.float32)
+        y = rng.integers(0, 3, 2 * batch)
+        return [(x[:batch], y[:batch])] * steps + [(x[batch:], y[batch:])]
     else:
         from sklearn.datasets import load_digits
 
@@ -82,12 +90,14 @@ def train(folder: Path, batches, lr: float, start=None, first: int = 0, last: in
 def write_case(out: Path, case: str) -> dict:
     from onnxtrain.api import CheckpointState
     from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
+    from onnxtrain.artifacts.fused import write_train_step_model
 
     kind, optim, lr, steps, batch = CASES[case]
     folder = out / case
     model, _, output = build_model(kind)
     generate_artifacts(model, loss=LossType.CrossEntropyLoss, optimizer=getattr(OptimType, optim),
                        artifact_directory=str(folder), additional_output_names=[output])
+    write_train_step_model(folder)
     batches = make_batches(kind, steps, batch)
     data = {f"x/{i}": x for i, (x, _) in enumerate(batches)} | {f"y/{i}": y for i, (_, y) in enumerate(batches)}
     safetensors.numpy.save_file(data, str(folder / "data.safetensors"))

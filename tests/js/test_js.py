@@ -55,7 +55,7 @@ def assert_loads_back(js_file: Path, expected_file: Path) -> None:
 
 
 def test_node_and_wasm(fixtures):
-    run_node_tests(fixtures, "test/checkpoint.test.js", "test/training.test.js")
+    run_node_tests(fixtures, "test/checkpoint.test.js", "test/training.test.js", "test/train-step.test.js")
     for engine in ("node", "web"):
         for case in reference.CASES:
             assert_loads_back(fixtures / case / f"js_{engine}.ckpt", fixtures / case / "expected.ckpt")

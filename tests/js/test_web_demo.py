@@ -86,6 +86,7 @@ def test_draw_label_personalize_download(artifacts, tmp_path):
         for when in ("before", "after"):
             assert shown[f"{where}-{when}"] == f"{100 * run[when][where]:.1f}%"
     assert run["examples"] == len(result["examples"]) == 15 and len(run["losses"]) == run["steps"]
+    assert run["fusedSteps"] == run["steps"]  # every step ran the train-step model (one session run)
     assert result["progress"] == 1 and shown["progress-text"].startswith(f"step {run['steps']} / {run['steps']}")
     assert np.mean(run["losses"][-5:]) < 0.5 * run["losses"][0]
 

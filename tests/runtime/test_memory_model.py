@@ -1,7 +1,9 @@
 """The runtime's memory model (docs/memory.md), by exact byte accounting on a small model.
 
-Per trainable float32 parameter the runtime's own arrays hold 7 copies with AdamW (parameter and both moments
-double-buffered, one gradient), 5 with SGD and momentum, 3 with plain SGD; per frozen parameter one. No
+Per trainable float32 parameter of a small model (its update runs whole, double-buffered, fused with the
+training graph) the runtime's own arrays hold 7 copies with AdamW (parameter and both moments double-buffered,
+one gradient), 5 with SGD and momentum, 3 with plain SGD; per frozen parameter one. Larger models update in
+place (4, 3 and 2 copies): tests/runtime/test_in_place.py. No
 session holds a parameter: every graph (training, eval, optimizer, and the training graph fused with the
 optimizer) reads them as bound inputs, so the sessions' initializers are the graphs' constants only, the same
 whatever the model's size.

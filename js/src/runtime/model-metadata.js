@@ -72,3 +72,16 @@ export function optimizerMetadata(bytes) {
   const meta = JSON.parse(text);
   return { ...meta, layout: meta.params.map((p) => [p.name, p.shape]), states: meta.states.map(String) };
 }
+
+/** The train-step model's description (conventions.py's TrainStepMeta): {prefix, reset: true | false | null}. */
+export function trainStepMetadata(bytes) {
+  const text = readMetadataProps(bytes)['onnxtrain.train_step'];
+  if (text === undefined) {
+    throw new Error('the train-step model was not written by onnxtrain.artifacts.fused (no "onnxtrain.train_step" metadata)');
+  }
+  const meta = JSON.parse(text);
+  if (typeof meta.prefix !== 'string' || ![true, false, null].includes(meta.reset ?? null)) {
+    throw new Error('the train-step model has damaged "onnxtrain.train_step" metadata (expected a prefix and a reset flag)');
+  }
+  return { prefix: meta.prefix, reset: meta.reset ?? null };
+}

@@ -3,6 +3,12 @@
 //
 // State is bound once: the engine tensors fed for parameters, gradients and buffers are created once over
 // the CheckpointState's flat storage, so each step only copies the graph's outputs back into it.
+//
+// With a train-step model attached (attachTrainStep), a training call runs the training graph fused with the
+// optimizer graph when the loop allows it, as Python's TrainingRun does: an optimizer attached, one training
+// call per optimizer step in the last cycle, and a graph built for the current reset flag. The update it
+// computes waits in a PreparedUpdate until Optimizer.step() commits it (or finds it stale). Otherwise the
+// training graph runs alone and the optimizer graph at step().
 
 import * as names from '../conventions.js';
 import { trainingMetadata } from './model-metadata.js';
@@ -36,6 +42,8 @@ export class Module {
     this._eval = evalSession;
     this.training = true;
     this.nonfiniteSteps = 0;
+    /** Training calls that ran the train-step model (the rest ran the training graph alone). */
+    this.fusedCalls = 0;
     this.lastLossFinite = true;
     this._resetPending = true;
     const tensor = (data, shape) => new ort.Tensor('float32', data, shape);
@@ -50,7 +58,33 @@ export class Module {
       this._gradFeeds[names.gradBufferName(name)] = tensor(state.grads.views.get(name), shape);
     }
     this._resetFlag = new Uint8Array(1);
+    this._resetFeed = { [names.LAZY_RESET_GRAD]: new ort.Tensor('bool', this._resetFlag, []) };
     this._gradOutputs = state.grads.layout.map(([name]) => [names.gradOutputName(name), state.grads.views.get(name)]);
+    /** Run the train-step model when the loop allows it (false: always the two graphs; same results). */
+    this.fuse = true;
+    this._trainStep = null;
+    this._prepared = null;
+    this._callsSinceStep = 0;
+    this._callsLastCycle = 1;
+  }
+
+  /**
+   * Use a train-step model (a TrainStep) for the training calls it applies to; its update is the one of
+   * `trainStep.optimizer`. Null detaches it.
+   * @param {import('./train-step.js').TrainStep | null} trainStep
+   */
+  attachTrainStep(trainStep) {
+    this._trainStep = trainStep;
+    this._prepared = null;
+  }
+
+  /** The update the last training call computed in advance (or null), and the start of a new cycle. */
+  takePreparedUpdate() {
+    const prepared = this._prepared;
+    this._prepared = null;
+    this._callsLastCycle = this._callsSinceStep;
+    this._callsSinceStep = 0;
+    return prepared;
   }
 
   /** Switch to training (true) or eval (false) mode; returns this. */
@@ -86,13 +120,26 @@ export class Module {
   async trainStep(feeds) {
     const state = this.state;
     this._resetFlag[0] = this._resetPending ? 1 : 0;
-    const inputs = {
-      ...this._userFeeds(feeds, 'training step'), ...this._stateFeeds, ...this._gradFeeds,
-      [names.LAZY_RESET_GRAD]: new this.ort.Tensor('bool', this._resetFlag, []),
-    };
-    const outputs = await run(this._train, inputs, 'training step');
-    for (const [output, view] of this._gradOutputs) view.set(outputs[output].data);
+    const userFeeds = this._userFeeds(feeds, 'training step');
+    const fused = this._fusing() ? this._trainStep : null;
+    this._prepared = null;
+    let outputs;
+    if (fused) {
+      const inputs = { ...userFeeds, ...this._stateFeeds };
+      if (fused.takesGradientBuffers) Object.assign(inputs, this._gradFeeds);
+      if (fused.reset === null) Object.assign(inputs, this._resetFeed);
+      const result = await fused.run(inputs, state);
+      outputs = result.outputs;
+      state.grads.vector.set(result.gradients.data);
+      this._prepared = result.prepared;
+      this.fusedCalls += 1;
+    } else {
+      outputs = await run(this._train, { ...userFeeds, ...this._stateFeeds, ...this._gradFeeds, ...this._resetFeed },
+        'training step');
+      for (const [output, view] of this._gradOutputs) view.set(outputs[output].data);
+    }
     for (const [name, t] of state.buffers) t.data.set(outputs[names.bufferOutputName(name)].data);
+    this._callsSinceStep += 1;
     this._resetPending = false;
     const loss = outputs[this._train.outputNames[0]];
     this.lastLossFinite = Number.isFinite(Number(loss.data[0]));
@@ -111,6 +158,13 @@ export class Module {
     const inputs = this._userFeeds(feeds, 'eval step');
     for (const name of this._eval.inputNames) if (!(name in inputs)) inputs[name] = this._stateFeeds[name];
     return run(this._eval, inputs, 'eval step');
+  }
+
+  /** Fuse when a train-step model applies and the last cycle had one training call per optimizer step (an
+   * accumulation loop would throw the update away at every call but the last). */
+  _fusing() {
+    return this.fuse && this._trainStep !== null && this._callsSinceStep === 0 && this._callsLastCycle === 1
+      && this._trainStep.appliesTo(this._resetPending);
   }
 
   _userFeeds(feeds, what) {
@@ -147,20 +201,13 @@ export class Module {
     if (!(flat instanceof Float32Array) || flat.length !== expected) {
       throw new RangeError(`expected a Float32Array of ${expected} parameters, got ${flat?.constructor?.name} of ${flat?.length}`);
     }
-    const state = this.state;
-    state.params.vector.set(flat.subarray(0, state.params.size));
-    if (!trainableOnly) {
-      let offset = state.params.size;
-      for (const t of state.frozen.values()) {
-        t.data.set(flat.subarray(offset, offset + t.data.length));
-        offset += t.data.length;
-      }
-    }
+    this.state.setParameters(flat, trainableOnly);
   }
 
   async release() {
     await this._train.release();
     if (this._eval) await this._eval.release();
+    if (this._trainStep) await this._trainStep.release();
   }
 }
 

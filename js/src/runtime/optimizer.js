@@ -1,6 +1,8 @@
 // Optimizer (onnxtrain/runtime/optimizer.py): runs the optimizer graph over the Module's flat parameters.
 // One run updates every parameter and optimizer state; a step after a non-finite loss or with non-finite
-// gradients is skipped (parameters and state unchanged) and counted in skippedSteps.
+// gradients is skipped (parameters and state unchanged) and counted in skippedSteps. When the Module's last
+// training call ran the train-step model, the update is already computed: it is committed if still valid
+// (same learning rate, parameters and step), otherwise the optimizer graph runs on its own.
 
 import * as names from '../conventions.js';
 import { optimizerMetadata } from './model-metadata.js';
@@ -25,6 +27,7 @@ export class Optimizer {
 
   constructor(ort, module, meta, session) {
     this.module = module;
+    this.meta = meta;
     this.config = meta.config;
     this.type = meta.type;
     this.stateNames = meta.states;
@@ -45,6 +48,22 @@ export class Optimizer {
     for (const [s, storage] of this._states) this._feeds[s] = flat(storage.vector);
   }
 
+  /** The optimizer graph's inputs but the gradients, bound over the live vectors (for the train-step model). */
+  graphFeeds() {
+    const { [names.GRADIENTS]: _gradients, ...feeds } = this._feeds;
+    return feeds;
+  }
+
+  /** The optimizer graph's outputs (params.out, one per state, gradients_finite). */
+  outputNames() {
+    return [...this._session.outputNames];
+  }
+
+  /** Set the step input for the next update (the step it will make). */
+  prepareFeeds() {
+    this._step[0] = BigInt(this.module.state.step + 1);
+  }
+
   setLearningRate(learningRate) {
     this._lr[0] = learningRate;
   }
@@ -57,9 +76,11 @@ export class Optimizer {
   /** One update of every trainable parameter (skipped, with a warning, if the loss or a gradient is not finite). */
   async step() {
     const state = this.module.state;
+    const prepared = this.module.takePreparedUpdate();
     if (!this.module.lastLossFinite) return this._skip('the loss is not finite');
-    this._step[0] = BigInt(state.step + 1);
-    const out = await run(this._session, this._feeds, 'optimizer step');
+    this.prepareFeeds();
+    const out = prepared?.isValidFor(this, state) ? prepared.update
+      : await run(this._session, this._feeds, 'optimizer step');
     const finite = out[names.GRADIENTS_FINITE];
     if (finite && !finite.data[0]) return this._skip('the gradients are not finite');
     if (!finite && !state.grads.vector.every(Number.isFinite)) return this._skip('the gradients are not finite');

@@ -26,6 +26,8 @@ export class CheckpointState {
     this.step = data.step;
     /** @type {Map<string, bigint | number | string>} int (bigint), float (number) or str properties */
     this.properties = new Map(data.properties);
+    /** Bumped by every write to the parameters from outside a training step (an update prepared before is stale). */
+    this.version = 0;
   }
 
   /** Load a checkpoint written by generate_artifacts, save_checkpoint (Python) or saveCheckpoint (here). */
@@ -88,6 +90,20 @@ export class CheckpointState {
     if (!target) throw new RangeError(`no parameter named ${name}`);
     if (value.length !== target.length) throw new RangeError(`parameter ${name} has ${target.length} elements, got ${value.length}`);
     target.set(value);
+    this.version += 1;
+  }
+
+  /** Set every trainable parameter (then, unless trainableOnly, every frozen one) from one flat Float32Array. */
+  setParameters(flat, trainableOnly = true) {
+    this.params.vector.set(flat.subarray(0, this.params.size));
+    if (!trainableOnly) {
+      let offset = this.params.size;
+      for (const t of this.frozen.values()) {
+        t.data.set(flat.subarray(offset, offset + t.data.length));
+        offset += t.data.length;
+      }
+    }
+    this.version += 1;
   }
 
   /** A copy of a trainable parameter's accumulated gradient. */

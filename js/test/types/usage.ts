@@ -3,7 +3,8 @@ import { TrainingSession, ort, CheckpointState } from '../../src/web.js';
 
 export async function example(): Promise<number> {
   const session = await TrainingSession.create({ checkpointState: 'checkpoint', trainModel: 'training_model.onnx',
-    evalModel: 'eval_model.onnx', optimizerModel: 'optimizer_model.onnx' });
+    evalModel: 'eval_model.onnx', optimizerModel: 'optimizer_model.onnx', trainStepModel: 'train_step_model.onnx' });
+  session.module.fuse = true;
   session.setLearningRate(1e-3);
   const input = new ort.Tensor('float32', new Float32Array(8), [1, 8]);
   const labels = new ort.Tensor('int64', new BigInt64Array(1), [1]);

@@ -12,6 +12,7 @@ from onnxtrain.artifacts.graphs import build_graphs
 from onnxtrain.artifacts.lora import apply_lora, finish_lora
 from onnxtrain.artifacts.optimizer import build_optimizer_model
 from onnxtrain.artifacts.params import plan_parameters
+from onnxtrain.artifacts.passes import RecomputeInBackward
 from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
 from onnxtrain.blocks import ops, optim
 from onnxtrain.blocks.base import Block
@@ -106,6 +107,9 @@ def generate_artifacts(
         plan = plan_parameters(source.model.graph, source.weights, train, frozen, trainable_ops)
         graphs = build_graphs(source.model, source.weights, plan, loss_block, loss_input_names,
                               additional_output_names, all_outputs)
+        # The backward recomputes cheap forward values (erf GELU's intermediates, attention probabilities) from
+        # values it keeps anyway, instead of keeping them too (docs/memory.md).
+        graphs.training = RecomputeInBackward()(graphs.training).model
         if lora_meta is not None:
             finish_lora(graphs, lora_meta)
         return plan, graphs

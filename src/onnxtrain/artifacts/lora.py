@@ -7,7 +7,6 @@ from collections.abc import Sequence
 
 from onnxtrain.artifacts.graphs import TrainingGraphs
 from onnxtrain.artifacts.params import plan_parameters
-from onnxtrain.artifacts.passes import RecomputeInBackward
 from onnxtrain.artifacts.source import SourceModel
 from onnxtrain.errors import LoRAError
 from onnxtrain.lora import InjectLoRA, LoRA, LoRAMeta, lora_meta
@@ -43,13 +42,11 @@ def apply_lora(source: SourceModel, lora: LoRA, requires_grad: Sequence[str] | N
 
 
 def finish_lora(graphs: TrainingGraphs, meta: LoRAMeta) -> None:
-    """Record the adapters in the training and eval models (the runtime's merge and the PEFT export read it)
-    and let the training graph recompute cheap forward values in the backward (in place).
+    """Record the adapters in the training and eval models (the runtime's merge and the PEFT export read it).
 
     LoRA's point is memory: with the weights frozen, the activations the backward keeps are most of a step's
-    memory; ``RecomputeInBackward`` drops the erf GELU's intermediates and the attention probabilities, which
-    it recomputes from values the backward keeps anyway.
+    memory; every training graph recomputes the erf GELU's intermediates and the attention probabilities in
+    the backward (``RecomputeInBackward``, applied by generate_artifacts), LoRA's included.
     """
-    graphs.training = RecomputeInBackward()(graphs.training).model
     meta.attach(graphs.training)
     meta.attach(graphs.eval)

@@ -1,11 +1,12 @@
 """`onnxtrain web-demo`: personalize a pretrained digit classifier in the browser, on the stock onnxruntime-web.
 
 The command prepares the artifacts once (a small CNN pre-trained for a few seconds on scikit-learn's 8x8 digits,
-then training artifacts for its classifier head, and a held-out set of digits), and serves, on 127.0.0.1, a page
-where one draws digits, labels a few, trains the head in the browser with js/'s TrainingSession and downloads
-the checkpoint (it loads in Python's ``CheckpointState.load_checkpoint``). The page and the JavaScript package
-live in the repository's js/ folder, which the Python wheel does not ship: run from a clone, after
-``npm ci`` in js/. Nothing is downloaded at run time.
+then training artifacts for its classifier head, with the train-step model so that a step is one session run,
+and a held-out set of digits), and serves, on 127.0.0.1, a page where one draws digits, labels a few, trains
+the head in the browser with js/'s TrainingSession and downloads the checkpoint (it loads in Python's
+``CheckpointState.load_checkpoint``). The page and the JavaScript package live in the repository's js/ folder,
+which the Python wheel does not ship: run from a clone, after ``npm ci`` in js/. Nothing is downloaded at run
+time.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ DEMO_FILE = "demo.json"           # what the page needs to know; written last, s
 MARKER = ".onnxtrain-web-demo"    # written first: a folder the web demo made (and may fill again)
 HELDOUT_FILE = "heldout.safetensors"
 REPLAY_FILE = "replay.safetensors"  # pre-training digits the page mixes into each step, so the head keeps them
-FORMAT = 1                        # bump when the page needs different artifacts; older folders are rebuilt
+FORMAT = 2                        # bump when the page needs different artifacts; older folders are rebuilt
 ORT_WEB = ("node_modules", "onnxruntime-web", "dist", "ort.wasm.min.mjs")
 PRETRAIN_EPOCHS = 8
 HELDOUT = 300                     # digits the pre-training never sees: the page's "held-out" accuracy
@@ -87,7 +88,7 @@ def _load_digits():
 
 
 def _is_ready(folder: Path) -> bool:
-    files = (*ARTIFACT_FILES.values(), HELDOUT_FILE, REPLAY_FILE)
+    files = (*ARTIFACT_FILES.values(), artifact_file("train_step"), HELDOUT_FILE, REPLAY_FILE)
     try:
         meta = json.loads((folder / DEMO_FILE).read_text())
     except (OSError, ValueError):
@@ -105,6 +106,7 @@ def prepare_artifacts(folder: str | os.PathLike, seed: int = 0, epochs: int = PR
 
     from onnxtrain.api import CheckpointState, Module, Optimizer
     from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
+    from onnxtrain.artifacts.fused import write_train_step_model
     from onnxtrain.cli.common import quiet_onnxruntime
     from onnxtrain.demo.model import OUTPUT, build_cnn
     from onnxtrain.runtime.loop import batches, evaluate, train_epoch
@@ -140,6 +142,7 @@ def prepare_artifacts(folder: str | os.PathLike, seed: int = 0, epochs: int = PR
         module.export_model_for_inferencing(pretrained, [OUTPUT])
     generate_artifacts(pretrained, loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                        artifact_directory=str(out), additional_output_names=[OUTPUT], trainable_ops=TRAINABLE_OPS)
+    write_train_step_model(out)  # the page trains with one session run per step
     save_file({"x": xh, "y": yh}, str(out / HELDOUT_FILE))
     replay = np.concatenate([np.flatnonzero(yt == c)[:REPLAY_PER_CLASS] for c in range(10)])
     save_file({"x": xt[replay], "y": yt[replay]}, str(out / REPLAY_FILE))

@@ -31,7 +31,7 @@ from onnxtrain.errors import ArtifactError, PassError
 from onnxtrain.runtime.backends.base import graph_io
 from onnxtrain.runtime.engine_errors import run_session
 from onnxtrain.runtime.loading import open_artifact_session
-from onnxtrain.runtime.passes import FusedNames, FuseOptimizer, SpecializeReset
+from onnxtrain.runtime.passes import FusedNames, FuseOptimizer, ScatterIntoGradient, SpecializeReset, zeroed_before_run
 from onnxtrain.runtime.update import UpdateGraph
 from onnxtrain.runtime.values import TrainingValues
 
@@ -87,6 +87,7 @@ class TrainingRun:
         self._buffer_spare = {n: np.empty_like(a) for n, a in values.buffers.items()}
         # The training graph with the reset flag decided in advance, and its sessions; built on first use.
         self._specialized_models: dict[bool, onnx.ModelProto] = {}
+        self._zeroed: dict[bool, list[str]] = {}  # gradients the variant scatters into, zeroed before a reset run
         self._variants: dict[bool, object] = {}
         self._session_for(True)  # the session a training loop needs first; a broken model fails here
         self.fuse = True
@@ -129,6 +130,8 @@ class TrainingRun:
         out.update({names.buffer_output_name(b): self._buffer_spare[b] for b in values.buffers})
         self._prepared = None
         fused = self._fused_session_for(self._reset_pending) if self._fusing() else None
+        for p in self._zeroed[self._reset_pending] if self._reset_pending else ():
+            values.gradient(p).fill(0)
         if fused is not None:
             session, fused_names = fused
             update_inputs, update_out = self._update.bind(fused_names)
@@ -193,15 +196,22 @@ class TrainingRun:
 
     # -- sessions --------------------------------------------------------------------------------------------
     def _specialized(self, reset: bool) -> onnx.ModelProto:
-        """The training model with the reset flag fixed (runtime/passes/specialize_reset.py), or as written if
-        it cannot be specialised (the flag input then decides at run time: slower, same results)."""
+        """The training model with the reset flag fixed (runtime/passes/specialize_reset.py) and embedding
+        gradients scattered into their buffers (scatter_gradient.py), or as written if it cannot be specialised
+        (the flag input then decides at run time: slower, same results)."""
         if reset not in self._specialized_models:
+            zeroed = []
             try:
                 model = SpecializeReset(self.meta.accumulation, reset)(self.train_model).model
+                try:
+                    model = ScatterIntoGradient(self.meta.trainable, reset)(model).model
+                    zeroed = zeroed_before_run(model, self.meta.trainable) if reset else []
+                except PassError as exc:
+                    logger.info("embedding gradients scattered into zeros: %s", exc)
             except PassError as exc:
                 logger.warning("running the training model with its reset flag as an input: %s", exc)
                 model = self.train_model
-            self._specialized_models[reset] = model
+            self._specialized_models[reset], self._zeroed[reset] = model, zeroed
         return self._specialized_models[reset]
 
     def _session_for(self, reset: bool):
@@ -213,10 +223,11 @@ class TrainingRun:
         return self._variants[reset]
 
     def _fusing(self) -> bool:
-        """Fuse when an optimizer is attached and the last cycle had one training call per optimizer step (an
-        accumulation loop would throw the update away at every call but the last)."""
-        return (self.fuse and self._update is not None and self._calls_since_step == 0
-                and self._calls_last_cycle == 1)
+        """Fuse when an optimizer is attached, its update is double-buffered (an update computed in place could
+        not be thrown away) and the last cycle had one training call per optimizer step (an accumulation loop
+        would throw the update away at every call but the last)."""
+        return (self.fuse and self._update is not None and not self._update.in_place
+                and self._calls_since_step == 0 and self._calls_last_cycle == 1)
 
     def _fused_session_for(self, reset: bool):
         """(session, names) of the training graph fused with the optimizer graph, or None if they cannot be

@@ -1,8 +1,8 @@
 """Flat storage: every trainable parameter (or gradient, or optimizer state) is a view into one contiguous
 vector, so the optimizer updates them all with a dozen vector ops. Double-buffered storage has a second vector
 that receives each update, and the two swap roles, so nothing is copied between steps and an update can be
-thrown away; single-buffered storage (the gradients, which a graph overwrites or accumulates into element by
-element) has one vector that is both ``current`` and ``spare`` (docs/memory.md)."""
+thrown away; the second vector is allocated when it is first asked for, so storage that is only ever updated
+in place (an optimizer graph bound in place, the gradients) holds one vector (docs/memory.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ class FlatStorage:
     Args:
         layout: (name, shape) of each slot, in order.
         dtype: element type of every slot.
-        copies: 2 (double-buffered) or 1 (``spare`` is ``current`` and :meth:`swap` does nothing).
+        copies: 2 (double-buffered: the spare vector is allocated on first use of :attr:`spare`) or 1 (``spare``
+            is ``current`` and :meth:`swap` does nothing).
     """
 
     def __init__(self, layout: Sequence[tuple[str, tuple[int, ...]]], dtype: np.dtype, copies: int = 2):
@@ -30,8 +31,9 @@ class FlatStorage:
         self.sizes = [int(np.prod(s)) for _, s in self.layout]  # elements per slot, in layout order
         self.offsets = dict(zip((n for n, _ in self.layout), np.cumsum([0, *self.sizes[:-1]]).tolist()))
         self.size = int(sum(self.sizes))
-        self._vectors = [np.zeros(self.size, self.dtype) for _ in range(copies)]
-        self._views = [self._make_views(v) for v in self._vectors]
+        self._copies = copies
+        self._vectors = [np.zeros(self.size, self.dtype)]
+        self._views = [self._make_views(self._vectors[0])]
         self._current = 0
         self._chunks: dict[tuple, list[np.ndarray]] = {}
 
@@ -44,7 +46,7 @@ class FlatStorage:
 
     @property
     def copies(self) -> int:
-        """How many vectors this storage holds (1 or 2)."""
+        """How many vectors this storage holds now (1, or 2 once a double buffer's spare was asked for)."""
         return len(self._vectors)
 
     @property
@@ -56,21 +58,27 @@ class FlatStorage:
     def current(self) -> np.ndarray:
         return self._vectors[self._current]
 
+    def _spare_index(self) -> int:
+        if self._copies == 2 and len(self._vectors) == 1:
+            self._vectors.append(np.zeros(self.size, self.dtype))
+            self._views.append(self._make_views(self._vectors[1]))
+        return (self._current + 1) % len(self._vectors)
+
     @property
     def spare(self) -> np.ndarray:
-        return self._vectors[(self._current + 1) % self.copies]
+        return self._vectors[self._spare_index()]
 
     def views(self) -> dict[str, np.ndarray]:
         """Views of the current vector by slot name."""
         return self._views[self._current]
 
     def spare_views(self) -> dict[str, np.ndarray]:
-        return self._views[(self._current + 1) % self.copies]
+        return self._views[self._spare_index()]
 
     def chunks(self, bounds: Sequence[tuple[int, int]], spare: bool = False) -> list[np.ndarray]:
         """Views of the current (or spare) vector's slices ``[start:stop]``, the same objects on every call (so
         a session's bindings of them are reused)."""
-        index = (self._current + spare) % self.copies
+        index = self._spare_index() if spare else self._current
         key = (index, tuple(bounds))
         if key not in self._chunks:
             self._chunks[key] = [self._vectors[index][a:b] for a, b in bounds]
@@ -78,7 +86,7 @@ class FlatStorage:
 
     def swap(self) -> None:
         """The spare vector (just written) becomes current."""
-        self._current = (self._current + 1) % self.copies
+        self._current = self._spare_index()
 
     def __contains__(self, name: str) -> bool:
         return name in self.offsets

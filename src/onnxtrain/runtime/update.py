@@ -3,11 +3,17 @@
 The optimizer graph is a pure function, ``(params, gradients, states, lr, step) -> (params', states',
 gradients_finite)``, in the spirit of optax's ``update(grads, state, params) -> (updates, state)``. This
 object holds its inputs that are not gradients (learning rate, step, the optimizer state vectors) and binds
-inputs and outputs for a run: the new values go to the spare halves of the double buffers and become
-current only when :meth:`commit` is called (so a skipped step leaves everything as it was).
+inputs and outputs for a run.
 
-On onnxruntime, the graph runs split into chunks of about ``CHUNK`` elements bound to slices of the vectors
-(runtime/passes/chunk_update.py): each chunk's ops run while its slices are in the cache.
+On onnxruntime, from ``MIN_CHUNKS`` chunks up (about 1M parameters), the graph runs split into chunks of about
+``CHUNK`` elements bound to slices of the vectors (runtime/passes/chunk_update.py), each chunk's ops running
+while its slices are in the cache, and **in place** (runtime/passes/in_place.py): the new parameters and states
+are written over the old ones, after the gradients were found finite (so a skipped step leaves them as they were).
+One copy of the parameters and of each state, where double buffers would hold two (docs/memory.md).
+
+Smaller models (or graphs the passes cannot rewrite) run whole and double-buffered: the new values go to the
+spare halves and become current when :meth:`commit` is called, so the training graph fused with this one can
+compute an update in advance that ``optimizer.step()`` keeps or throws away (runtime/run.py).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from onnxtrain.conventions import OptimizerMeta
 from onnxtrain.errors import ArtifactError, PassError
 from onnxtrain.runtime.engine_errors import run_session
 from onnxtrain.runtime.loading import open_artifact_session
-from onnxtrain.runtime.passes import ChunkUpdate, chunk_bounds, chunk_name
+from onnxtrain.runtime.passes import ChunkUpdate, InPlaceUpdate, chunk_bounds, chunk_name
 from onnxtrain.runtime.values import TrainingValues
 
 __all__ = ["UpdateGraph", "CHUNK"]
@@ -58,7 +64,13 @@ class UpdateGraph:
                                 f"({len(self.meta.layout)} in the optimizer, {len(values.params.layout)} in the "
                                 "checkpoint)")
         self.artifact = model
+        self.checks_finite = any(o.name == names.GRADIENTS_FINITE for o in model.graph.output)
         self.bounds, self.model = self._split(model, values, device)
+        self.in_place = False
+        if self.bounds is not None:
+            self.in_place, self.model = self._in_place(self.model, len(self.bounds))
+        if self.in_place:
+            self.checks_finite = False  # the flag is not computed in the graph: TrainingRun checks first
         self._values = values
         self._device, self._session_options = device, session_options
         self._session = self._open()  # now, so that a broken optimizer model fails here
@@ -66,7 +78,6 @@ class UpdateGraph:
         self.learning_rate = np.array(1e-3, dtype=np.float32)
         self._step = np.array(0, dtype=np.int64)
         # Optimizer graphs with a finiteness output check the gradients in the same run (no extra numpy pass).
-        self.checks_finite = any(o.name == names.GRADIENTS_FINITE for o in model.graph.output)
         self.finite = np.zeros((), dtype=bool)
 
     @staticmethod
@@ -80,6 +91,16 @@ class UpdateGraph:
         except PassError as exc:
             logger.info("running the optimizer graph over whole vectors: %s", exc)
             return None, model
+
+    def _in_place(self, model: onnx.ModelProto, chunks: int) -> tuple[bool, onnx.ModelProto]:
+        """(True, the graph rewritten to be bound in place), or (False, the graph) if it cannot be."""
+        pairs = [(chunk_name(n, i), chunk_name(names.output_name(n), i))
+                 for n in (names.PARAMS, *self.meta.states) for i in range(chunks)]
+        try:
+            return True, InPlaceUpdate(pairs, drop=[names.GRADIENTS_FINITE])(model).model
+        except PassError as exc:
+            logger.info("updating the parameters double-buffered, not in place: %s", exc)
+            return False, model
 
     def vectors(self, name: str, vector: np.ndarray, storage, spare: bool = False) -> dict[str, np.ndarray]:
         """The graph's input(s) or output(s) for the flat vector ``name``: the vector, or its chunks."""
@@ -100,10 +121,12 @@ class UpdateGraph:
         self._step[...] = values.step + 1
         inputs = {name(names.LEARNING_RATE): self.learning_rate, name(names.STEP): self._step}
         out = {}
+        spare = not self.in_place
         for n, storage in [(names.PARAMS, values.params), *self.states.items()]:
             inputs.update({name(k): v for k, v in self.vectors(n, storage.current, storage).items()})
+            target = storage.spare if spare else storage.current
             out.update({name(k): v for k, v in
-                        self.vectors(names.output_name(n), storage.spare, storage, spare=True).items()})
+                        self.vectors(names.output_name(n), target, storage, spare=spare).items()})
         if self.checks_finite:
             out[name(names.GRADIENTS_FINITE)] = self.finite
         return inputs, out
@@ -118,8 +141,10 @@ class UpdateGraph:
         run_session(self._session, "optimizer step", {}, out, [], state=inputs)
 
     def commit(self) -> None:
-        """The values the last run wrote to the spare buffers become current; the step advances."""
-        self._values.params.swap()
-        for st in self.states.values():
-            st.swap()
+        """The values the last run wrote become current (the spare buffers swap in, unless it ran in place);
+        the step advances."""
+        if not self.in_place:
+            self._values.params.swap()
+            for st in self.states.values():
+                st.swap()
         self._values.advance_step()

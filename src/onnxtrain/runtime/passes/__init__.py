@@ -1,8 +1,12 @@
 """The runtime's graph passes: the training graph specialised for the reset flag, and fused with the optimizer
-graph (see onnxtrain.ir.pass_infra for the contract every pass keeps)."""
+graph; the optimizer graph split into chunks and made safe to run in place (see onnxtrain.ir.pass_infra for
+the contract every pass keeps)."""
 
 from onnxtrain.runtime.passes.chunk_update import ChunkUpdate, chunk_bounds, chunk_name
 from onnxtrain.runtime.passes.fuse_optimizer import FusedNames, FuseOptimizer
+from onnxtrain.runtime.passes.in_place import InPlaceUpdate
+from onnxtrain.runtime.passes.scatter_gradient import ScatterIntoGradient, zeroed_before_run
 from onnxtrain.runtime.passes.specialize_reset import SpecializeReset
 
-__all__ = ["SpecializeReset", "FuseOptimizer", "FusedNames", "ChunkUpdate", "chunk_bounds", "chunk_name"]
+__all__ = ["SpecializeReset", "FuseOptimizer", "FusedNames", "ChunkUpdate", "chunk_bounds", "chunk_name",
+           "InPlaceUpdate", "ScatterIntoGradient", "zeroed_before_run"]
