@@ -54,11 +54,34 @@ def assert_loads_back(js_file: Path, expected_file: Path) -> None:
     assert CheckpointState.load_checkpoint(js_file).step == want.step
 
 
+def assert_exports_as_evaluated(fixtures: Path, case: str, js_file: Path) -> None:
+    """The inference model exported (in Python) from the checkpoint JavaScript trained gives the eval output
+    JavaScript's runEvalStep matched (reference.safetensors' ``eval/output``, relative 1e-5)."""
+    import onnxruntime as ort
+    import safetensors.numpy
+
+    from onnxtrain.api import Module
+
+    folder = fixtures / case
+    info = reference.CASES[case]
+    steps, output = info[3], reference.build_model(info[0])[2]
+    module = Module(folder / "training_model.onnx", CheckpointState.load_checkpoint(js_file),
+                    folder / "eval_model.onnx")
+    exported = folder / f"{js_file.stem}.inference.onnx"
+    module.export_model_for_inferencing(exported, [output])
+    session = ort.InferenceSession(str(exported), providers=["CPUExecutionProvider"])
+    x = safetensors.numpy.load_file(str(folder / "data.safetensors"))[f"x/{steps}"]
+    got = session.run([output], {session.get_inputs()[0].name: x})[0]
+    want = safetensors.numpy.load_file(str(folder / "reference.safetensors"))["eval/output"]
+    assert np.abs(got - want).max() <= 1e-5 * max(np.abs(want).max(), 1e-30), case
+
+
 def test_node_and_wasm(fixtures):
     run_node_tests(fixtures, "test/checkpoint.test.js", "test/training.test.js", "test/train-step.test.js")
     for engine in ("node", "web"):
         for case in reference.CASES:
             assert_loads_back(fixtures / case / f"js_{engine}.ckpt", fixtures / case / "expected.ckpt")
+            assert_exports_as_evaluated(fixtures, case, fixtures / case / f"js_{engine}.ckpt")
         assert_loads_back(fixtures / "resume" / f"js_{engine}.ckpt", fixtures / reference.RESUME_CASE / "expected.ckpt")
 
 
