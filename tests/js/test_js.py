@@ -91,6 +91,7 @@ def test_chromium(fixtures):
     run_node_tests(fixtures, "test/browser.test.js")
     for case in ("mlp_sgd", "mlp_adamw", "cnn_adamw"):
         assert_loads_back(fixtures / case / "js_browser.ckpt", fixtures / case / "expected.ckpt")
+        assert_exports_as_evaluated(fixtures, case, fixtures / case / "js_browser.ckpt")
     assert_loads_back(fixtures / "resume" / "js_browser.ckpt", fixtures / reference.RESUME_CASE / "expected.ckpt")
 
 
