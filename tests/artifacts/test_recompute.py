@@ -99,3 +99,40 @@ def test_a_chain_from_a_value_nothing_keeps_is_left_alone(tmp_path):
     assert "a" in _backward_reads(model) and "h" not in _backward_reads(model)
     result = RecomputeInBackward()(model)
     assert not result.modified and result.model is model
+
+
+def _attention(head: int) -> onnx.ModelProto:
+    """softmax(q k^T) v over [B, S, head] projections of x: with only Wq trained, the backward needs k and v
+    (dq = dS k) and the probabilities, not q."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(D, head)).astype(np.float32), w) for w in ("Wq", "Wk", "Wv")]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "Wq"], ["q"]), helper.make_node("MatMul", ["x", "Wk"], ["k"]),
+         helper.make_node("MatMul", ["x", "Wv"], ["v"]), helper.make_node("Transpose", ["k"], ["kT"], perm=[0, 2, 1]),
+         helper.make_node("MatMul", ["q", "kT"], ["scores"]), helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+         helper.make_node("MatMul", ["p", "v"], ["y"])],
+        "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, 5, D])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [N, 5, head])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_probabilities_are_recomputed_from_a_smaller_query_the_backward_did_not_keep(tmp_path):
+    for head, recomputed in ((2, True), (5, False)):  # sequence 5: q (5 x head) is smaller than p (5 x 5) or not
+        paths = generate_artifacts(_attention(head), requires_grad=["Wq"], frozen_params=["Wk", "Wv"],
+                                   loss=LossType.MSELoss, artifact_directory=tmp_path / str(head))
+        model = onnx.load(paths["training"])
+        assert {"p", "kT", "v"} <= _backward_reads(model) and "q" not in _backward_reads(model)
+        result = RecomputeInBackward()(model)
+        assert result.modified == recomputed
+        if not recomputed:
+            continue
+        assert "p" not in _backward_reads(result.model) and {"q", "kT"} <= _backward_reads(result.model)
+        rng = np.random.default_rng(1)
+        feeds = {"x": rng.normal(size=(N, 5, D)).astype(np.float32), "lazy_reset_grad": np.array(True),
+                 "target": rng.normal(size=(N, 5, head)).astype(np.float32),
+                 **{i.name: numpy_helper.to_array(i) for i in _attention(head).graph.initializer}}
+        for i in model.graph.input:
+            if i.name not in feeds:  # the gradient buffer
+                feeds[i.name] = np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32)
+        for got, want in zip(_run(result.model, feeds), _run(model, feeds)):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from onnxtrain.artifacts.graphs import TrainingGraphs
 from onnxtrain.artifacts.params import plan_parameters
-from onnxtrain.artifacts.passes import RecomputeInBackward
+from onnxtrain.artifacts.passes import RecomputeInBackward, ShapesInForward
 from onnxtrain.artifacts.source import SourceModel
 from onnxtrain.errors import LoRAError
 from onnxtrain.lora import InjectLoRA, LoRA, LoRAMeta, lora_meta
@@ -44,12 +44,16 @@ def apply_lora(source: SourceModel, lora: LoRA, requires_grad: Sequence[str] | N
 
 def finish_lora(graphs: TrainingGraphs, meta: LoRAMeta) -> None:
     """Record the adapters in the training and eval models (the runtime's merge and the PEFT export read it)
-    and let the training graph recompute cheap forward values in the backward (in place).
+    and make the training graph keep fewer forward values for the backward (in place).
 
     LoRA's point is memory: with the weights frozen, the activations the backward keeps are most of a step's
-    memory; ``RecomputeInBackward`` drops the erf GELU's intermediates and the attention probabilities, which
-    it recomputes from values the backward keeps anyway.
+    memory. ``ShapesInForward`` lets the backward of a model with a dynamic axis read the shapes of the
+    values it only needs the shapes of (the query, key and value projections and the attention context of a
+    BERT), not the values; then ``RecomputeInBackward`` drops the erf GELU's intermediates and the attention
+    probabilities, which it recomputes from values the backward keeps anyway (in this order, so that a value
+    read only for its shape does not count as kept).
     """
+    graphs.training = ShapesInForward()(graphs.training).model
     graphs.training = RecomputeInBackward()(graphs.training).model
     meta.attach(graphs.training)
     meta.attach(graphs.eval)
