@@ -3,16 +3,16 @@ sequence 128: trainable parameters, training step time, peak RSS and checkpoint 
 
     python bench/lora.py [--steps 6] [--rounds 8] [--threads 2] [--out bench/results/lora.json]
 
-Random weights (nothing is downloaded). The torch export runs once; then every measurement runs in a process
-of its own that imports only onnxtrain's runtime (no torch), so its peak RSS (VmHWM) is the runtime's:
-``base`` runs the forward model in an ``onnxruntime.InferenceSession`` (``base_nopattern``: with
-``enable_mem_pattern=False``, as onnxtrain's sessions run); ``generate-X`` writes the artifacts and ``train-X``
+Random weights (nothing is downloaded). The torch export runs once; then every measurement runs in a process of
+its own that imports only onnxtrain's runtime (no torch), so its peak RSS (VmHWM) is the runtime's: ``base`` runs
+the forward model in an ``onnxruntime.InferenceSession`` (``base_nopattern``: with ``enable_mem_pattern=False``
+and ``enable_mem_reuse=False``, as onnxtrain's sessions run); ``generate-X`` writes the artifacts and ``train-X``
 trains them, for ``full`` (every weight) and ``lora`` (rank-8 adapters on query/value plus the classifier;
 ``lora_constants``: the same with ``LoRA(freeze_base=False)``; ``lora_dynamic``: the same on the model exported
 with a dynamic batch axis, as exporters usually write it). The step is forward + backward + AdamW + gradient
 reset, the median of ``--steps`` after 2 warm-up steps. ``interleaved`` loads ``full`` and ``lora`` in one
-process and alternates their steps for ``--rounds`` rounds, so that both see the same load on a shared
-machine: the step-time ratio comes from there (wall and CPU time). Not a test: timings are under load.
+process and alternates their steps for ``--rounds`` rounds, so that both see the same load on a shared machine:
+the step-time ratio comes from there (wall and CPU time). Not a test: timings are under load.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def measure(mode: str, model: str, workdir: str, steps: int, threads: int) -> di
     if mode.startswith("base"):
         so = ort.SessionOptions()
         so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-        so.enable_mem_pattern = mode != "base_nopattern"
+        so.enable_mem_pattern = so.enable_mem_reuse = mode != "base_nopattern"
         session = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
         times = []
         for _ in range(steps + 2):
@@ -247,7 +247,8 @@ def table(record: dict) -> str:
         "rounds after 2 warm-up rounds (both see the same load); the range is the per-round ratio; CPU ms is the "
         "process's CPU time per step. Peak RSS = VmHWM of a process that trains one variant alone (no torch "
         f"imported), against the base model's forward in an InferenceSession: {base:.0f} MB with onnxruntime's "
-        f"defaults / {base_np:.0f} MB with `enable_mem_pattern=False` as onnxtrain runs its sessions "
+        f"defaults / {base_np:.0f} MB with `enable_mem_pattern=False` and `enable_mem_reuse=False` as onnxtrain "
+        "runs its sessions "
         f"({r['base']['forward_ms']:.0f} ms). **Timings under load**: the 2-core machine was shared with other "
         f"agents (load average {load} at the end). Targets: step <= 0.6x full fine-tuning, peak RSS <= base "
         "model + 30 %.",
