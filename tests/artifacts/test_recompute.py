@@ -5,7 +5,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxtrain.artifacts import LossType, generate_artifacts
 from onnxtrain.artifacts.passes import RecomputeInBackward
-from onnxtrain.artifacts.passes.recompute import SUFFIX
+from onnxtrain.artifacts.passes.recompute import SUFFIX, forward_nodes
 
 N, D, H = 4, 6, 10
 
@@ -92,6 +92,28 @@ def test_onnxruntime_does_not_merge_the_copies_back(tmp_path):
     ops = [n.op_type for n in optimized.graph.node]
     # two erfs: the forward's (fused into one Gelu node once nothing else reads its intermediates) and the copy's
     assert ops.count("Erf") + ops.count("Gelu") == 2, ops
+
+
+def test_a_copy_waits_for_the_backward_to_reach_it(tmp_path):
+    """onnxruntime orders the nodes itself: the copied chain's view reads a shape computed after a value of the
+    backward, so the copy cannot run right after the forward (and stay alive through the backward's start)."""
+    model = _training_model(tmp_path, "gelu")
+    forward = forward_nodes(model.graph.node, model.graph.output[0].name)
+    backward = {n.name for k, n in enumerate(model.graph.node) if k not in forward}
+    result = RecomputeInBackward()(model).model
+    producer = {o: n for n in result.graph.node for o in n.output}
+    (view,) = [n for n in result.graph.node if n.name.endswith("/view")]
+    ancestors, stack = set(), [view.input[1]]
+    while stack:
+        node = producer.get(stack.pop())
+        if node is not None and node.name not in ancestors:
+            ancestors.add(node.name)
+            stack.extend(node.input)
+    assert ancestors & backward
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(result.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    assert "Size" in [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]  # not folded
 
 
 def test_a_chain_from_a_value_nothing_keeps_is_left_alone(tmp_path):

@@ -25,6 +25,10 @@ Cases handled:
 onnxruntime's common-subexpression elimination would merge a copy with its original (same op, same inputs,
 after its own fusions) and undo the rewrite. So the first op of a copied chain reads its kept input through
 a Reshape to the same shape (``[0, ..., 0, -1]``), which onnxruntime leaves in place and runs without a copy.
+onnxruntime also orders the nodes itself, and would compute a copy whose inputs all come from the forward right
+after the forward, where it stays alive through the peak of the step (the backward's start): the Reshape's shape
+is therefore ``[0, ..., 0, -1] + 0 * Size(b)``, with ``b`` the backward value computed last before the copy's
+first reader in the graph's order, so that the copy waits for the backward to get there.
 """
 
 from __future__ import annotations
@@ -106,11 +110,26 @@ class RecomputeInBackward(Pass):
             taken.add(candidate)
             return candidate
 
+        zero: list[str] = []  # the int64 0 the view shapes add, created once
+
         def same_shape(x: str, name: str) -> str:
-            """x through a Reshape to its own shape (see the module's docstring)."""
+            """x through a Reshape to its own shape, the shape computed after the backward value ``reached``
+            (see the module's docstring)."""
             shape = unique(x + SUFFIX + "/shape")
             out.graph.initializer.append(numpy_helper.from_array(
                 np.array([0] * (_rank(infos, x) - 1) + [-1] if _rank(infos, x) else [], np.int64), shape))
+            if reached:
+                if not zero:
+                    zero.append(unique(SUFFIX.strip("/") + "/zero"))
+                    out.graph.initializer.append(numpy_helper.from_array(np.array(0, np.int64), zero[0]))
+                size = onnx.helper.make_node("Size", [reached[-1]], [unique(name + "/after")],
+                                             name=unique(name + "/after"))
+                nothing = onnx.helper.make_node("Mul", [size.output[0], zero[0]], [unique(name + "/after_zero")],
+                                                name=unique(name + "/after_zero"))
+                after = onnx.helper.make_node("Add", [shape, nothing.output[0]], [unique(shape + "/after")],
+                                              name=unique(name + "/shape_after"))
+                nodes.extend([size, nothing, after])
+                shape = after.output[0]
             view = onnx.helper.make_node("Reshape", [x, shape], [unique(x + SUFFIX)], name=unique(name + "/view"))
             nodes.append(view)
             return view.output[0]
@@ -133,11 +152,14 @@ class RecomputeInBackward(Pass):
             copies[v] = node.output[0]
             return copies[v]
 
+        reached: list[str] = []  # the last tensor the backward computed, in graph order
         for k, node in enumerate(out.graph.node):
             if k not in forward:
                 for j, x in enumerate(node.input):
                     if x in producer and chains.get(x) is not None:
                         node.input[j] = copy_of(x)
+                if node.output and node.output[0] in infos:
+                    reached.append(node.output[0])
             nodes.append(node)
         del out.graph.node[:]
         out.graph.node.extend(nodes)
