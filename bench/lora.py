@@ -3,15 +3,16 @@ sequence 128: trainable parameters, training step time, peak RSS and checkpoint 
 
     python bench/lora.py [--steps 6] [--rounds 8] [--threads 2] [--out bench/results/lora.json]
 
-Random weights (nothing is downloaded). The torch export runs once; then every measurement runs in a process
-of its own that imports only onnxtrain's runtime (no torch), so its peak RSS (VmHWM) is the runtime's:
-``base`` runs the forward model in an ``onnxruntime.InferenceSession`` (``base_nopattern``: with
-``enable_mem_pattern=False``, as onnxtrain's sessions run); ``generate-X`` writes the artifacts and ``train-X``
+Random weights (nothing is downloaded). The torch export runs once; then every measurement runs in a process of
+its own that imports only onnxtrain's runtime (no torch), so its peak RSS (VmHWM) is the runtime's: ``base`` runs
+the forward model in an ``onnxruntime.InferenceSession`` (``base_nopattern``: with ``enable_mem_pattern=False``
+and ``enable_mem_reuse=False``, as onnxtrain's sessions run); ``generate-X`` writes the artifacts and ``train-X``
 trains them, for ``full`` (every weight) and ``lora`` (rank-8 adapters on query/value plus the classifier;
-``lora_constants``: the same with ``LoRA(freeze_base=False)``). The step is forward + backward + AdamW + gradient
+``lora_constants``: the same with ``LoRA(freeze_base=False)``; ``lora_dynamic``: the same on the model exported
+with a dynamic batch axis, as exporters usually write it). The step is forward + backward + AdamW + gradient
 reset, the median of ``--steps`` after 2 warm-up steps. ``interleaved`` loads ``full`` and ``lora`` in one
-process and alternates their steps for ``--rounds`` rounds, so that both see the same load on a shared
-machine: the step-time ratio comes from there (wall and CPU time). Not a test: timings are under load.
+process and alternates their steps for ``--rounds`` rounds, so that both see the same load on a shared machine:
+the step-time ratio comes from there (wall and CPU time). Not a test: timings are under load.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ BATCH, SEQ, VOCAB, CLASSES = 8, 128, 30522, 2
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def export(path: str) -> None:
-    """The torch export (TorchScript exporter) of a random BertForSequenceClassification."""
+def export(path: str, dynamic_batch: bool = False) -> None:
+    """The torch export (TorchScript exporter) of a random BertForSequenceClassification (batch axis fixed, or
+    dynamic)."""
     import types
     import warnings
 
@@ -47,7 +49,7 @@ def export(path: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, (ids,), path, input_names=["input_ids"], output_names=["logits"], dynamo=False,
-                          opset_version=17)
+                          opset_version=17, dynamic_axes={"input_ids": {0: "batch"}} if dynamic_batch else None)
 
 
 def _batch():
@@ -77,7 +79,7 @@ def measure(mode: str, model: str, workdir: str, steps: int, threads: int) -> di
     if mode.startswith("base"):
         so = ort.SessionOptions()
         so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-        so.enable_mem_pattern = mode != "base_nopattern"
+        so.enable_mem_pattern = so.enable_mem_reuse = mode != "base_nopattern"
         session = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
         times = []
         for _ in range(steps + 2):
@@ -94,7 +96,7 @@ def measure(mode: str, model: str, workdir: str, steps: int, threads: int) -> di
         t = time.perf_counter()
         lora = None  # lora: the base weights frozen in the checkpoint; lora_constants: constants of the graphs
         if what.startswith("lora"):
-            lora = LoRA(rank=8, alpha=16, targets=["*query*", "*value*"], freeze_base=what == "lora")
+            lora = LoRA(rank=8, alpha=16, targets=["*query*", "*value*"], freeze_base=what != "lora_constants")
         paths = generate_artifacts(model, requires_grad=["classifier.*"] if lora else None,
                                    loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                                    artifact_directory=directory, lora=lora)
@@ -177,14 +179,17 @@ def main() -> None:
         print(json.dumps(measure(*args.child, steps=steps, threads=args.threads)))
         return
     with tempfile.TemporaryDirectory(prefix="onnxtrain_lora_") as workdir:
-        model = os.path.join(workdir, "bert.onnx")
+        model, dynamic = os.path.join(workdir, "bert.onnx"), os.path.join(workdir, "bert_dynamic.onnx")
         export(model)
+        export(dynamic, dynamic_batch=True)
         results = []
         for mode in ("base", "base_nopattern", "generate-lora", "train-lora", "generate-full", "train-full",
-                     "generate-lora_constants", "train-lora_constants", "interleaved"):
+                     "generate-lora_constants", "train-lora_constants", "generate-lora_dynamic",
+                     "train-lora_dynamic", "interleaved"):
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
             proc = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--rounds", str(args.rounds),
-                                   "--threads", str(args.threads), "--child", mode, model, workdir],
+                                   "--threads", str(args.threads), "--child", mode,
+                                   dynamic if mode.endswith("_dynamic") else model, workdir],
                                   capture_output=True, text=True, env=env, check=False)
             if proc.returncode:
                 raise SystemExit(f"{mode} failed:\n{proc.stderr[-3000:]}")
@@ -211,7 +216,10 @@ def table(record: dict) -> str:
     inter = r["interleaved"]
     rows = []
     for what, label in (("full", "full fine-tuning"), ("lora", "LoRA r=8 query/value + classifier"),
-                        ("lora_constants", "same, base weights as graph constants (freeze_base=False)")):
+                        ("lora_constants", "same, base weights as graph constants (freeze_base=False)"),
+                        ("lora_dynamic", "same as LoRA, model exported with a dynamic batch axis")):
+        if f"train-{what}" not in r:  # a record from before the variant existed
+            continue
         gen, train = r[f"generate-{what}"], r[f"train-{what}"]
         if what in inter:
             ratios = sorted(inter[what]["ratio_per_round"])
@@ -239,7 +247,8 @@ def table(record: dict) -> str:
         "rounds after 2 warm-up rounds (both see the same load); the range is the per-round ratio; CPU ms is the "
         "process's CPU time per step. Peak RSS = VmHWM of a process that trains one variant alone (no torch "
         f"imported), against the base model's forward in an InferenceSession: {base:.0f} MB with onnxruntime's "
-        f"defaults / {base_np:.0f} MB with `enable_mem_pattern=False` as onnxtrain runs its sessions "
+        f"defaults / {base_np:.0f} MB with `enable_mem_pattern=False` and `enable_mem_reuse=False` as onnxtrain "
+        "runs its sessions "
         f"({r['base']['forward_ms']:.0f} ms). **Timings under load**: the 2-core machine was shared with other "
         f"agents (load average {load} at the end). Targets: step <= 0.6x full fine-tuning, peak RSS <= base "
         "model + 30 %.",

@@ -1,4 +1,4 @@
-from unittest import mock
+import contextlib
 
 import numpy as np
 import onnx
@@ -7,8 +7,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxtrain.artifacts import LossType, generate_artifacts
 from onnxtrain.artifacts.passes import RecomputeInBackward
-from onnxtrain.artifacts.passes.recompute import SUFFIX
-from onnxtrain.ir.pass_infra import Pass, PassResult
+from onnxtrain.artifacts.passes.recompute import SUFFIX, forward_nodes
+from tests.artifacts.as_built import as_built
 
 N, D, H = 4, 6, 10
 
@@ -35,17 +35,11 @@ def _mlp(activation: str) -> onnx.ModelProto:
 
 
 def _training_model(tmp_path, activation: str, recompute: bool = False) -> onnx.ModelProto:
-    """The generated training model, before generate_artifacts' RecomputeInBackward unless ``recompute``."""
-    with mock.patch("onnxtrain.artifacts.generate.RecomputeInBackward",
-                    RecomputeInBackward if recompute else _Identity):
+    """The generated training model, before generate_artifacts' memory passes unless ``recompute``."""
+    with contextlib.nullcontext() if recompute else as_built():
         paths = generate_artifacts(_mlp(activation), requires_grad=["W1"], frozen_params=["W2"],
                                    loss=LossType.MSELoss, artifact_directory=tmp_path)
     return onnx.load(paths["training"])
-
-
-class _Identity(Pass):
-    def call(self, model: onnx.ModelProto) -> PassResult:
-        return PassResult(model, False)
 
 
 def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -111,8 +105,68 @@ def test_onnxruntime_does_not_merge_the_copies_back(tmp_path):
     assert ops.count("Erf") + ops.count("Gelu") == 2, ops
 
 
+def test_a_copy_waits_for_the_backward_to_reach_it(tmp_path):
+    """onnxruntime orders the nodes itself: the copied chain's view reads a shape computed after a value of the
+    backward, so the copy cannot run right after the forward (and stay alive through the backward's start)."""
+    model = _training_model(tmp_path, "gelu")
+    forward = forward_nodes(model.graph.node, model.graph.output[0].name)
+    backward = {n.name for k, n in enumerate(model.graph.node) if k not in forward}
+    result = RecomputeInBackward()(model).model
+    producer = {o: n for n in result.graph.node for o in n.output}
+    (view,) = [n for n in result.graph.node if n.name.endswith("/view")]
+    ancestors, stack = set(), [view.input[1]]
+    while stack:
+        node = producer.get(stack.pop())
+        if node is not None and node.name not in ancestors:
+            ancestors.add(node.name)
+            stack.extend(node.input)
+    assert ancestors & backward
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(result.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    assert "Size" in [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]  # not folded
+
+
 def test_a_chain_from_a_value_nothing_keeps_is_left_alone(tmp_path):
     model = _training_model(tmp_path, "tanh")
     assert "a" in _backward_reads(model) and "h" not in _backward_reads(model)
     result = RecomputeInBackward()(model)
     assert not result.modified and result.model is model
+
+
+def _attention(head: int) -> onnx.ModelProto:
+    """softmax(q k^T) v over [B, S, head] projections of x: with only Wq trained, the backward needs k and v
+    (dq = dS k) and the probabilities, not q."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(D, head)).astype(np.float32), w) for w in ("Wq", "Wk", "Wv")]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "Wq"], ["q"]), helper.make_node("MatMul", ["x", "Wk"], ["k"]),
+         helper.make_node("MatMul", ["x", "Wv"], ["v"]), helper.make_node("Transpose", ["k"], ["kT"], perm=[0, 2, 1]),
+         helper.make_node("MatMul", ["q", "kT"], ["scores"]), helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+         helper.make_node("MatMul", ["p", "v"], ["y"])],
+        "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, 5, D])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [N, 5, head])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_probabilities_are_recomputed_from_a_smaller_query_the_backward_did_not_keep(tmp_path):
+    for head, recomputed in ((2, True), (5, False)):  # sequence 5: q (5 x head) is smaller than p (5 x 5) or not
+        with as_built():
+            paths = generate_artifacts(_attention(head), requires_grad=["Wq"], frozen_params=["Wk", "Wv"],
+                                       loss=LossType.MSELoss, artifact_directory=tmp_path / str(head))
+        model = onnx.load(paths["training"])
+        assert {"p", "kT", "v"} <= _backward_reads(model) and "q" not in _backward_reads(model)
+        result = RecomputeInBackward()(model)
+        assert result.modified == recomputed
+        if not recomputed:
+            continue
+        assert "p" not in _backward_reads(result.model) and {"q", "kT"} <= _backward_reads(result.model)
+        rng = np.random.default_rng(1)
+        feeds = {"x": rng.normal(size=(N, 5, D)).astype(np.float32), "lazy_reset_grad": np.array(True),
+                 "target": rng.normal(size=(N, 5, head)).astype(np.float32),
+                 **{i.name: numpy_helper.to_array(i) for i in _attention(head).graph.initializer}}
+        for i in model.graph.input:
+            if i.name not in feeds:  # the gradient buffer
+                feeds[i.name] = np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32)
+        for got, want in zip(_run(result.model, feeds), _run(model, feeds)):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

@@ -197,6 +197,16 @@ def test_the_backward_does_only_what_the_adapters_need(bert, tmp_path):
     embeddings = {o for n in forward if n.name.startswith("/bert/embeddings/") and n.op_type != "Constant"
                   for o in n.output}
     assert reads & embeddings == {"/bert/embeddings/LayerNorm/LayerNormalization_output_0"}
+    # the batch is dynamic: the backward reads the shapes of values it needs the shape of only (the projections,
+    # the attention context), computed in the forward, not the values (ShapesInForward)
+    forward_names = {n.name for n in forward}
+    only_shapes = {x: set() for x in reads if x in {o for n in forward for o in n.output}}
+    for n in model.graph.node:
+        if n.name not in forward_names:
+            for x in n.input:
+                if x in only_shapes:
+                    only_shapes[x].add(n.op_type)
+    assert not [x for x, ops in only_shapes.items() if ops <= {"Shape", "Size"}]
     # the erf GELU keeps only its input: its other intermediates are recomputed in the backward
     gelu = {o for n in forward if "intermediate_act_fn" in n.name and n.op_type != "Constant" for o in n.output}
     assert reads & gelu == set()

@@ -45,8 +45,8 @@ def finish_lora(graphs: TrainingGraphs, meta: LoRAMeta) -> None:
     """Record the adapters in the training and eval models (the runtime's merge and the PEFT export read it).
 
     LoRA's point is memory: with the weights frozen, the activations the backward keeps are most of a step's
-    memory; every training graph recomputes the erf GELU's intermediates and the attention probabilities in
-    the backward (``RecomputeInBackward``, applied by generate_artifacts), LoRA's included.
+    memory. generate_artifacts makes every training graph, LoRA's included, keep fewer forward values for the
+    backward (``ShapesInForward``, then ``RecomputeInBackward``; see its ``build``).
     """
     meta.attach(graphs.training)
     meta.attach(graphs.eval)

@@ -29,7 +29,7 @@ from onnxtrain import conventions as names
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.errors import ArtifactError, PassError
 from onnxtrain.runtime.backends.base import graph_io
-from onnxtrain.runtime.engine_errors import run_session
+from onnxtrain.runtime.engine_errors import first_line, run_session
 from onnxtrain.runtime.loading import open_artifact_session
 from onnxtrain.runtime.passes import FusedNames, FuseOptimizer, ScatterIntoGradient, SpecializeReset, zeroed_before_run
 from onnxtrain.runtime.update import UpdateGraph
@@ -38,6 +38,8 @@ from onnxtrain.runtime.values import TrainingValues
 __all__ = ["TrainingRun", "PreparedUpdate"]
 
 logger = logging.getLogger(__name__)
+
+_PROTO_LIMIT = 1 << 31
 
 
 @dataclass(frozen=True)
@@ -76,11 +78,14 @@ class TrainingRun:
         self._check_interface()
         n_user = len(self.meta.user_inputs) + len(self.meta.labels)
         self.train_inputs = graph_io(train_model.graph.input)[:n_user]
+        # The eval session opens on first use: a training loop may never evaluate, and a session holds memory.
+        # A damaged eval model still fails here (_check_eval_model), not at the first evaluation.
         self._eval = None
+        self.eval_inputs = self.eval_outputs = None
         if eval_model is not None:
-            self._eval = open_artifact_session(eval_model, "eval model", device, session_options)
-        self.eval_inputs = self._eval.inputs[:n_user] if self._eval else None
-        self.eval_outputs = self._eval.outputs if self._eval else None
+            self._check_eval_model()
+            self.eval_inputs = graph_io(eval_model.graph.input)[:n_user]
+            self.eval_outputs = graph_io(eval_model.graph.output)
         self.loss = np.zeros((), dtype=self.train_outputs[0].dtype)
         self._reset = np.array(True)
         self._reset_pending = True
@@ -106,6 +111,14 @@ class TrainingRun:
         found = [i.name for i in self.train_model.graph.input[:len(expected)]]
         if found != expected:
             raise ArtifactError(f"the training model's first inputs are {found}, its metadata says {expected}")
+
+    def _check_eval_model(self) -> None:
+        """The eval model passes the ONNX checker (what a session would reject at once, found without one)."""
+        if self.eval_model.ByteSize() < _PROTO_LIMIT:  # the checker takes a model in memory only below 2 GB
+            try:
+                onnx.checker.check_model(self.eval_model)
+            except Exception as exc:  # ValidationError, and decoding errors for damaged strings
+                raise ArtifactError(f"the eval model is not a valid ONNX model: {first_line(exc)}") from None
 
     # -- training calls --------------------------------------------------------------------------------------
     def lazy_reset_grad(self) -> None:
@@ -157,10 +170,12 @@ class TrainingRun:
 
     def eval_step(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The eval graph's outputs (loss first) for ``feeds``; RuntimeError without an eval model."""
-        if self._eval is None:
+        if self.eval_model is None:
             raise RuntimeError("this Module has no eval model: pass eval_model_uri=... to Module() to evaluate, "
                                "or call module.train() to run training steps")
-        return run_session(self._eval, "eval step", feeds, {}, [m.name for m in self._eval.outputs],
+        if self._eval is None:
+            self._eval = open_artifact_session(self.eval_model, "eval model", self._device, self._session_options)
+        return run_session(self._eval, "eval step", feeds, {}, [m.name for m in self.eval_outputs],
                            state=self.values.graph_values())
 
     # -- optimizer steps -------------------------------------------------------------------------------------

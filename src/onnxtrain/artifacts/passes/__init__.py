@@ -6,6 +6,7 @@ from onnxtrain.artifacts.passes.fold_output_identities import FoldOutputIdentiti
 from onnxtrain.artifacts.passes.pool_before_relu import PoolBeforeRelu
 from onnxtrain.artifacts.passes.recompute import RecomputeInBackward
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
+from onnxtrain.artifacts.passes.shapes_in_forward import ShapesInForward
 
 __all__ = ["EvalMode", "DropUnreadIndices", "PoolBeforeRelu", "FoldOutputIdentities", "SequencesToSplit",
-           "RecomputeInBackward"]
+           "RecomputeInBackward", "ShapesInForward"]

@@ -15,14 +15,20 @@ Cases handled:
    reads anyway, a graph input, or such a value itself: the backward reads a copy of its chain, built once
    and inserted before the first node that needs it. The forward then drops ``v`` after its forward readers.
 2. The same with a MatMul as the chain's first op, when both its inputs are batched (rank 3 or more)
-   activations the backward keeps anyway and that are not recomputed themselves (attention scores
-   ``q k^T``); a MatMul by a matrix (a projection by a weight, even through a Transpose) never is.
+   activations that are not recomputed themselves (attention scores ``q k^T``), each one kept by the
+   backward anyway or, per matrix, smaller than the product (keeping ``q`` of a layer whose key needs no
+   gradient instead of its probabilities: 1/4 of their size at sequence 128 and head size 32); a MatMul by
+   a matrix (a projection by a weight, even through a Transpose) never is.
 3. Left alone: a chain that starts at a forward value the backward does not read (keeping it instead would
    save nothing) or at a value of unknown rank, values a subgraph of the backward reads, and every other op.
 
 onnxruntime's common-subexpression elimination would merge a copy with its original (same op, same inputs,
 after its own fusions) and undo the rewrite. So the first op of a copied chain reads its kept input through
 a Reshape to the same shape (``[0, ..., 0, -1]``), which onnxruntime leaves in place and runs without a copy.
+onnxruntime also orders the nodes itself, and would compute a copy whose inputs all come from the forward right
+after the forward, where it stays alive through the peak of the step (the backward's start): the Reshape's shape
+is therefore ``[0, ..., 0, -1] + 0 * Size(b)``, with ``b`` the backward value computed last before the copy's
+first reader in the graph's order, so that the copy waits for the backward to get there.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import clone, constant_values, implicit_inputs, node_inputs, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
-__all__ = ["RecomputeInBackward"]
+__all__ = ["RecomputeInBackward", "forward_nodes"]
 
 UNARY = frozenset({"Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Tanh", "Sigmoid", "Relu",
                    "Softplus", "Sin", "Cos", "Softmax", "LogSoftmax"})
@@ -53,7 +59,7 @@ class RecomputeInBackward(Pass):
 
     def call(self, model: onnx.ModelProto) -> PassResult:
         graph = model.graph
-        forward = _ancestors(graph.node, self.loss or graph.output[0].name)
+        forward = forward_nodes(graph.node, self.loss or graph.output[0].name)
         producer = {o: k for k, n in enumerate(graph.node) if k in forward for o in n.output if o}
         constants = {k: v for k, v in constant_values(graph).items() if v.size == 1}
         infos = infer_tensor_info(model)
@@ -75,9 +81,9 @@ class RecomputeInBackward(Pass):
         def _link(node: onnx.NodeProto, v: str) -> int | None:
             if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
                 return None
-            if node.op_type == "MatMul":  # batched, of two activations kept anyway: not a projection by a weight
-                ok = all(x in kept and _rank(infos, x) >= 3 and not recomputable(x) for x in node.input)
-                return _START if ok else None
+            if node.op_type == "MatMul":  # batched, of two activations: not a projection by a weight
+                ok = all(x in producer and _rank(infos, x) >= 3 and not recomputable(x) for x in node.input)
+                return _START if ok and all(x in kept or _smaller(infos, x, v) for x in node.input) else None
             k = _variable_input(node, constants)
             if k is None:
                 return None
@@ -104,11 +110,26 @@ class RecomputeInBackward(Pass):
             taken.add(candidate)
             return candidate
 
+        zero: list[str] = []  # the int64 0 the view shapes add, created once
+
         def same_shape(x: str, name: str) -> str:
-            """x through a Reshape to its own shape (see the module's docstring)."""
+            """x through a Reshape to its own shape, the shape computed after the backward value ``reached``
+            (see the module's docstring)."""
             shape = unique(x + SUFFIX + "/shape")
             out.graph.initializer.append(numpy_helper.from_array(
                 np.array([0] * (_rank(infos, x) - 1) + [-1] if _rank(infos, x) else [], np.int64), shape))
+            if reached:
+                if not zero:
+                    zero.append(unique(SUFFIX.strip("/") + "/zero"))
+                    out.graph.initializer.append(numpy_helper.from_array(np.array(0, np.int64), zero[0]))
+                size = onnx.helper.make_node("Size", [reached[-1]], [unique(name + "/after")],
+                                             name=unique(name + "/after"))
+                nothing = onnx.helper.make_node("Mul", [size.output[0], zero[0]], [unique(name + "/after_zero")],
+                                                name=unique(name + "/after_zero"))
+                after = onnx.helper.make_node("Add", [shape, nothing.output[0]], [unique(shape + "/after")],
+                                              name=unique(name + "/shape_after"))
+                nodes.extend([size, nothing, after])
+                shape = after.output[0]
             view = onnx.helper.make_node("Reshape", [x, shape], [unique(x + SUFFIX)], name=unique(name + "/view"))
             nodes.append(view)
             return view.output[0]
@@ -131,19 +152,22 @@ class RecomputeInBackward(Pass):
             copies[v] = node.output[0]
             return copies[v]
 
+        reached: list[str] = []  # the last tensor the backward computed, in graph order
         for k, node in enumerate(out.graph.node):
             if k not in forward:
                 for j, x in enumerate(node.input):
                     if x in producer and chains.get(x) is not None:
                         node.input[j] = copy_of(x)
+                if node.output and node.output[0] in infos:
+                    reached.append(node.output[0])
             nodes.append(node)
         del out.graph.node[:]
         out.graph.node.extend(nodes)
         return PassResult(out, True)
 
 
-def _ancestors(nodes, value: str) -> set[int]:
-    """The indices of the nodes ``value`` depends on."""
+def forward_nodes(nodes, value: str) -> set[int]:
+    """The indices of the nodes ``value`` (the loss) depends on: the forward."""
     producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
     seen: set[int] = set()
     stack = [value]
@@ -159,6 +183,16 @@ def _rank(infos: dict[str, TensorInfo], value: str) -> int:
     """The value's rank, -1 if unknown."""
     info = infos.get(value)
     return -1 if info is None or info.rank is None else info.rank
+
+
+def _smaller(infos: dict[str, TensorInfo], x: str, product: str) -> bool:
+    """Whether each matrix of MatMul input ``x`` has fewer elements than each matrix of its ``product`` (the
+    last two dimensions, known integers; the batch dimensions of ``x`` broadcast to the product's)."""
+    a, b = infos.get(x), infos.get(product)
+    if a is None or b is None or a.shape is None or b.shape is None or len(a.shape) < 2 or len(b.shape) < 2:
+        return False
+    dims = [*a.shape[-2:], *b.shape[-2:]]
+    return all(isinstance(d, int) for d in dims) and dims[0] * dims[1] < dims[2] * dims[3]
 
 
 def _variable_input(node: onnx.NodeProto, constants: dict) -> int | None:

@@ -55,6 +55,8 @@ class _Binding:
 
 # onnxruntime's memory pattern, off (see OrtSession); a module-level switch so that it can be A/B-measured.
 MEMORY_PATTERN = False
+# onnxruntime's planned buffer reuse between values of the same static size, off (see OrtSession); A/B switch.
+MEMORY_REUSE = False
 
 
 class OrtSession(Session):
@@ -74,6 +76,11 @@ class OrtSession(Session):
             # run's blocks stay in the arena, fragmented: 3 copies of the parameters more on a 22.6M-parameter
             # BERT (docs/memory.md). The arena makes the allocations it saves cheap anyway.
             session_options.enable_mem_pattern = MEMORY_PATTERN
+            # No planned reuse either: with static shapes the planner hands a value the buffer of an earlier
+            # value of the same size, which pins that block in the arena, so that other sizes cannot use it and
+            # the arena grows (a step's peak is the backward's start, where every kept activation is alive;
+            # figures in docs/lora.md). The arena hands out freed blocks anyway, at no measurable cost.
+            session_options.enable_mem_reuse = MEMORY_REUSE
         else:
             session_options.enable_cpu_mem_arena = False
         # A Module runs several sessions one after the other (train, optimizer, eval). Idle intra-op threads

@@ -1,0 +1,113 @@
+"""ShapesInForward: the backward reads the shapes of forward values, not the values, when their shapes are
+all it needs.
+
+With a dynamic axis (a batch size left open by the exporter) the gradient of a Reshape, of a broadcast or of
+a batched MatMul reads ``Shape(x)`` of a forward value ``x`` in the backward. That keeps all of ``x`` alive
+from the forward to the backward for a few integers: on a BERT with LoRA adapters the query, key and value
+projections and the attention context of every layer (1.5 MB each at batch 8, sequence 128). onnxruntime
+orders the nodes itself, so moving the ``Shape`` node up in the graph does not help: this pass makes the
+forward depend on it.
+
+Cases handled:
+
+1. A value ``x`` produced by the forward (the nodes the loss depends on), read outside the forward only by
+   ``Shape`` and ``Size`` nodes, and read by at least one forward node: ``s = Shape(x)`` is computed in the
+   forward and the forward readers read ``Reshape(x, s)`` instead of ``x`` (the same tensor; onnxruntime's
+   Reshape makes no copy), so ``s`` exists before ``x``'s last forward reader runs. The backward reads ``s``:
+   a plain ``Shape`` becomes ``Identity(s)``, one with ``start``/``end`` a ``Slice`` of ``s``, a ``Size`` a
+   ``ReduceProd`` of ``s``.
+2. Left alone: a value the backward reads for more than its shape (it stays alive anyway), one that only
+   backward nodes read, graph inputs and initializers (alive anyway), and values a subgraph reads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnxtrain.artifacts.passes.recompute import forward_nodes
+from onnxtrain.ir.pass_infra import Pass, PassResult
+from onnxtrain.ir.passes import clone, implicit_inputs, used_names
+
+__all__ = ["ShapesInForward"]
+
+SHAPE_OPS = frozenset({"Shape", "Size"})
+
+
+class ShapesInForward(Pass):
+    """Compute in the forward the shapes the backward reads (cases in the module's docstring)."""
+
+    def __init__(self, loss: str | None = None):
+        self.loss = loss  # None: the graph's first output
+
+    def call(self, model: onnx.ModelProto) -> PassResult:
+        graph = model.graph
+        forward = forward_nodes(graph.node, self.loss or graph.output[0].name)
+        producer = {o: k for k, n in enumerate(graph.node) if k in forward for o in n.output if o}
+        captured = {x for n in graph.node for x in implicit_inputs(n)}
+        backward_readers: dict[str, list[int]] = {}
+        forward_read: set[str] = set()
+        for k, node in enumerate(graph.node):
+            for x in node.input:
+                if x in producer:
+                    if k in forward:
+                        forward_read.add(x)
+                    else:
+                        backward_readers.setdefault(x, []).append(k)
+        targets = [x for x, readers in backward_readers.items()
+                   if x in forward_read and x not in captured
+                   and all(_shape_op(graph.node[k]) for k in readers)]
+        if not targets:
+            return PassResult(model, False)
+
+        out = clone(model)
+        taken = used_names(out.graph)
+
+        def unique(name: str) -> str:
+            k, candidate = 0, name
+            while candidate in taken:
+                k += 1
+                candidate = f"{name}_{k}"
+            taken.add(candidate)
+            return candidate
+
+        shapes = {x: unique(x + "/shape") for x in targets}
+        pinned = {x: unique(x + "/pinned") for x in targets}
+        after: dict[int, list[onnx.NodeProto]] = {}
+        for x in targets:
+            after.setdefault(producer[x], []).extend([
+                helper.make_node("Shape", [x], [shapes[x]], name=unique(x + "/shape_in_forward")),
+                helper.make_node("Reshape", [x, shapes[x]], [pinned[x]], name=unique(x + "/pinned_after_shape"))])
+        replaced = {k: x for x in targets for k in backward_readers[x]}
+        nodes: list[onnx.NodeProto] = []
+        for k, node in enumerate(out.graph.node):
+            if k in replaced:
+                nodes.append(self._from_shape(out.graph, node, shapes[replaced[k]], unique))
+                continue
+            if k in forward:
+                node.input[:] = [pinned.get(x, x) for x in node.input]
+            nodes.append(node)
+            nodes.extend(after.get(k, []))
+        del out.graph.node[:]
+        out.graph.node.extend(nodes)
+        return PassResult(out, True)
+
+    @staticmethod
+    def _from_shape(graph: onnx.GraphProto, node: onnx.NodeProto, shape: str, unique) -> onnx.NodeProto:
+        """``node`` (a Shape or Size of x) computed from ``shape`` = Shape(x)."""
+        name = node.name or node.output[0]
+        if node.op_type == "Size":
+            return helper.make_node("ReduceProd", [shape], list(node.output), name=name, keepdims=0)
+        attrs = {a.name: a.i for a in node.attribute}
+        if not attrs:
+            return helper.make_node("Identity", [shape], list(node.output), name=name)
+        bounds = []
+        for key, value in (("starts", attrs.get("start", 0)), ("ends", attrs.get("end", np.iinfo(np.int64).max))):
+            bounds.append(unique(f"{name}/{key}"))
+            graph.initializer.append(numpy_helper.from_array(np.array([value], np.int64), bounds[-1]))
+        return helper.make_node("Slice", [shape, *bounds], list(node.output), name=name)
+
+
+def _shape_op(node: onnx.NodeProto) -> bool:
+    return node.domain in ("", "ai.onnx") and node.op_type in SHAPE_OPS
