@@ -33,6 +33,8 @@ first reader in the graph's order, so that the copy waits for the backward to ge
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import onnx
 from onnx import numpy_helper
@@ -62,7 +64,8 @@ class RecomputeInBackward(Pass):
         forward = forward_nodes(graph.node, self.loss or graph.output[0].name)
         producer = {o: k for k, n in enumerate(graph.node) if k in forward for o in n.output if o}
         constants = {k: v for k, v in constant_values(graph).items() if v.size == 1}
-        infos = infer_tensor_info(model)
+        # shape inference only if a candidate needs a rank (a CNN has none: its generation does not pay for it)
+        infos = functools.cache(lambda: infer_tensor_info(model))
         kept = {x for k, n in enumerate(graph.node) if k not in forward for x in node_inputs(n) if x in producer}
         # a value a subgraph reads stays alive for it: nothing to gain, and the rewrite reads direct inputs only
         captured = {x for k, n in enumerate(graph.node) if k not in forward for x in implicit_inputs(n)}
@@ -82,15 +85,15 @@ class RecomputeInBackward(Pass):
             if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
                 return None
             if node.op_type == "MatMul":  # batched, of two activations: not a projection by a weight
-                ok = all(x in producer and _rank(infos, x) >= 3 and not recomputable(x) for x in node.input)
-                return _START if ok and all(x in kept or _smaller(infos, x, v) for x in node.input) else None
+                ok = all(x in producer and _rank(infos(), x) >= 3 and not recomputable(x) for x in node.input)
+                return _START if ok and all(x in kept or _smaller(infos(), x, v) for x in node.input) else None
             k = _variable_input(node, constants)
             if k is None:
                 return None
             x = node.input[k]
             if x in producer and recomputable(x):  # continues the copy of x's chain
                 return k
-            if stays(x) and _rank(infos, x) >= 0:
+            if stays(x) and _rank(infos(), x) >= 0:
                 return _START
             return None
 
@@ -117,7 +120,7 @@ class RecomputeInBackward(Pass):
             (see the module's docstring)."""
             shape = unique(x + SUFFIX + "/shape")
             out.graph.initializer.append(numpy_helper.from_array(
-                np.array([0] * (_rank(infos, x) - 1) + [-1] if _rank(infos, x) else [], np.int64), shape))
+                np.array([0] * (_rank(infos(), x) - 1) + [-1] if _rank(infos(), x) else [], np.int64), shape))
             if reached:
                 if not zero:
                     zero.append(unique(SUFFIX.strip("/") + "/zero"))
@@ -158,7 +161,7 @@ class RecomputeInBackward(Pass):
                 for j, x in enumerate(node.input):
                     if x in producer and chains.get(x) is not None:
                         node.input[j] = copy_of(x)
-                if node.output and node.output[0] in infos:
+                if node.output and node.output[0] in infos():
                     reached.append(node.output[0])
             nodes.append(node)
         del out.graph.node[:]
