@@ -122,8 +122,8 @@ def rule_model(layer: Layer, wrt: str) -> onnx.ModelProto:
     """What onnxtrain's Conv gradient rule emits for d``wrt`` (x or w), fed dY as the input ``dy``."""
     from onnxtrain.autodiff import build_gradients
     from onnxtrain.ir.builder import GraphBuilder
-    from onnxtrain.ir.types import infer_tensor_info
     from onnxtrain.ir.passes import prune_nodes
+    from onnxtrain.ir.types import infer_tensor_info
 
     fwd = forward_model(layer)
     fwd.graph.input.append(helper.make_tensor_value_info("dy", TensorProto.FLOAT, layer.y_shape))
@@ -338,6 +338,186 @@ def _dw_phase_mm(layer):
     return built(layer, ("x", "dy"), layer.w_shape, lambda op, b, la: _phase_windows(op, b, la, True))
 
 
+@variant("dx", "dx_dw_windowed")
+def _dx_dw_windowed(layer):
+    """Depthwise dX: each kernel element's dY * w[c, k] placed (Pad) at its offset on X's padded stride-phase
+    grid and summed; the phases interleaved back, the padding cut."""
+    if not _depthwise(layer):
+        return None
+
+    def emit(op, b, la):
+        (ph, pw), (ho, wo), (sh, sw), (dh, dw) = la.pad, la.out_hw, la.stride, la.dilation
+        hq = max(-(-(la.h + 2 * ph) // sh), ho + (la.k[0] - 1) * dh // sh) + 1
+        wq = max(-(-(la.w + 2 * pw) // sw), wo + (la.k[1] - 1) * dw // sw)
+        dyf = op.Reshape(op.Pad("dy", b.ints([0, 0, 0, 0, 0, 0, 0, wq - wo])) if wq != wo else "dy",
+                         b.ints([0, 0, -1]))
+        q, total = ho * wq, hq * wq
+        wk = op.Reshape("w", b.ints([1, la.c, -1]))
+        parts = collections.defaultdict(list)
+        for i in range(la.k[0]):
+            for j in range(la.k[1]):
+                (a, oi), (c, oj) = divmod(i * dh, sh)[::-1], divmod(j * dw, sw)[::-1]
+                t = oi * wq + oj
+                kk = i * la.k[1] + j
+                prod = op.Mul(dyf, op.Slice(wk, b.ints([kk]), b.ints([kk + 1]), b.ints([2])))
+                parts[a, c].append(op.Pad(prod, b.ints([0, 0, t, 0, 0, total - t - q])))
+        phases = [op.Sum(*parts[a, c]) if len(parts[a, c]) > 1 else parts[a, c][0]
+                  for a in range(sh) for c in range(sw)]
+        if sh == sw == 1:
+            grid = op.Reshape(phases[0], b.ints([0, 0, hq, wq]))
+        else:
+            stacked = op.Reshape(op.Concat(*phases, axis=2), b.ints([0, 0, sh, sw, hq, wq]))
+            grid = op.Reshape(op.Transpose(stacked, perm=[0, 1, 4, 2, 5, 3]), b.ints([0, 0, hq * sh, wq * sw]))
+        return op.Slice(grid, b.ints([ph, pw]), b.ints([ph + la.h, pw + la.w]), b.ints([2, 3]))
+    return built(layer, ("w", "dy"), layer.x_shape, emit)
+
+
+def _block_diagonal(op, b, la: Layer, block: int, flip: bool) -> str:
+    """Depthwise weights (C, 1, kh, kw) as block-diagonal grouped weights (C, block, kh, kw) for C / block groups."""
+    mask = (np.arange(la.c)[:, None] % block == np.arange(block)[None, :]).astype(np.float32)
+    w = op.Mul("w", b.const(mask.reshape(la.c, block, 1, 1)))
+    if flip:
+        w = op.Slice(w, b.ints([-1, -1]), b.ints([-(2**62), -(2**62)]), b.ints([2, 3]), b.ints([-1, -1]))
+    return w
+
+
+for _block in (8, 16, 32):
+    def _dx_dw_blockdiag(layer, block=_block):
+        """Depthwise dX as a grouped Conv (stride 1) / ConvTranspose over blocks of channels, block-diagonal weights."""
+        if not _depthwise(layer) or layer.c % block:
+            return None
+
+        def emit(op, b, la):
+            if la.stride == (1, 1):
+                pads = [(k - 1) * d - p for k, d, p in zip(la.k, la.dilation, la.pad)]
+                return op.Conv("dy", _block_diagonal(op, b, la, block, True), pads=pads * 2,
+                               dilations=list(la.dilation), group=la.c // block)
+            ho, wo = la.out_hw
+            outpad = [s_ + 2 * p - ((o - 1) * st + (k - 1) * d + 1) for s_, p, o, st, k, d in
+                      zip((la.h, la.w), la.pad, (ho, wo), la.stride, la.k, la.dilation)]
+            return op.ConvTranspose("dy", _block_diagonal(op, b, la, block, False), strides=list(la.stride),
+                                    pads=[*la.pad, *la.pad], dilations=list(la.dilation), group=la.c // block,
+                                    output_padding=outpad)
+        return built(layer, ("w", "dy"), layer.x_shape, emit)
+    variant("dx", f"dx_dw_block{_block}")(_dx_dw_blockdiag)
+
+
+@variant("dx", "dx_flip_matmul")
+def _dx_flip_matmul(layer):
+    """Stride-1 dX as a Conv with W's channel axes swapped (Transpose) and its window flipped by a MatMul with
+    the exchange matrix, instead of a Slice with step -1."""
+    if layer.stride != (1, 1) or layer.groups != 1 or layer.k == (1, 1):
+        return None
+
+    def emit(op, b, la):
+        k = int(np.prod(la.k))
+        wt = op.Transpose(op.Reshape("w", b.ints([la.co, la.c, k])), perm=[1, 0, 2])           # (Ci, Co, K)
+        flipped = op.MatMul(wt, b.const(np.eye(k, dtype=np.float32)[::-1].copy()))
+        pads = [(kk - 1) * d - p for kk, d, p in zip(la.k, la.dilation, la.pad)]
+        return op.Conv("dy", op.Reshape(flipped, b.ints([la.c, la.co, *la.k])), pads=pads * 2,
+                       dilations=list(la.dilation))
+    return built(layer, ("w", "dy"), layer.x_shape, emit)
+
+
+@variant("dx", "dx_flip_first")
+def _dx_flip_first(layer):
+    """As the rule, but the window flipped (MatMul with the exchange matrix) before the channel Transpose."""
+    if layer.stride != (1, 1) or layer.groups != 1 or layer.k == (1, 1):
+        return None
+
+    def emit(op, b, la):
+        k = int(np.prod(la.k))
+        flipped = op.MatMul(op.Reshape("w", b.ints([la.co, la.c, k])),
+                            b.const(np.eye(k, dtype=np.float32)[::-1].copy()))
+        wt = op.Transpose(flipped, perm=[1, 0, 2])
+        pads = [(kk - 1) * d - p for kk, d, p in zip(la.k, la.dilation, la.pad)]
+        return op.Conv("dy", op.Reshape(wt, b.ints([la.c, la.co, *la.k])), pads=pads * 2,
+                       dilations=list(la.dilation))
+    return built(layer, ("w", "dy"), layer.x_shape, emit)
+
+
+@variant("dx", "dx_gemm_col2im")
+def _dx_gemm_col2im(layer):
+    """dX = Col2Im(W^T dY): one GEMM over the whole batch ((Ci K, Co) x (Co, N P)), the columns moved back to
+    (N, Ci K, P), then Col2Im sums the overlapping windows (any stride, pads, dilations)."""
+    if layer.groups != 1:
+        return None
+
+    def emit(op, b, la):
+        k = int(np.prod(la.k))
+        p = int(np.prod(la.out_hw))
+        dyt = op.Reshape(op.Transpose(op.Reshape("dy", b.ints([la.n, la.co, p])), perm=[1, 0, 2]),
+                         b.ints([la.co, la.n * p]))
+        cols = op.Gemm(op.Reshape("w", b.ints([la.co, la.c * k])), dyt, transA=1)          # (Ci K, N P)
+        cols = op.Transpose(op.Reshape(cols, b.ints([la.c * k, la.n, p])), perm=[1, 0, 2])
+        return op.Col2Im(cols, b.ints([la.h, la.w]), b.ints(list(la.k)), dilations=list(la.dilation),
+                         pads=[*la.pad, *la.pad], strides=list(la.stride))
+    return built(layer, ("w", "dy"), layer.x_shape, emit)
+
+
+@variant("dx", "dx_bmm_col2im")
+def _dx_bmm_col2im(layer):
+    """dX = Col2Im(W^T dY) with the product per sample ((Ci K, Co) x (N, Co, P)): no transposes."""
+    if layer.groups != 1:
+        return None
+
+    def emit(op, b, la):
+        k = int(np.prod(la.k))
+        cols = op.MatMul(op.Transpose(op.Reshape("w", b.ints([la.co, la.c * k])), perm=[1, 0]),
+                         op.Reshape("dy", b.ints([0, la.co, -1])))                        # (N, Ci K, P)
+        return op.Col2Im(cols, b.ints([la.h, la.w]), b.ints(list(la.k)), dilations=list(la.dilation),
+                         pads=[*la.pad, *la.pad], strides=list(la.stride))
+    return built(layer, ("w", "dy"), layer.x_shape, emit)
+
+
+def _shift_gemm(op, b, la: Layer, batched: bool) -> str:
+    """Dense dW one kernel element at a time: dW[:, :, k] = dY (Co, N P) x window_k(X)^T (N P, Ci), with the
+    windows contiguous runs of X's flattened stride phases (as the depthwise windowed form)."""
+    (ph, pw), (ho, wo), (sh, sw), (dh, dw) = la.pad, la.out_hw, la.stride, la.dilation
+    hq = max(-(-(la.h + 2 * ph) // sh), ho + (la.k[0] - 1) * dh // sh) + 1
+    wq = max(-(-(la.w + 2 * pw) // sw), wo + (la.k[1] - 1) * dw // sw)
+    x = "x" if batched else op.Transpose("x", perm=[1, 0, 2, 3])                      # (Ci, N, H, W)
+    xp = op.Pad(x, b.ints([0, 0, ph, pw, 0, 0, hq * sh - la.h - ph, wq * sw - la.w - pw]))
+    phases = {}
+    for a in range(sh):
+        for c in range(sw):
+            part = xp if sh == sw == 1 else op.Slice(xp, b.ints([a, c]), b.ints([hq * sh, wq * sw]), b.ints([2, 3]),
+                                                     b.ints([sh, sw]))
+            phases[a, c] = op.Reshape(part, b.ints([0, 0, -1]))
+    q = ho * wq
+    dyp = op.Pad("dy", b.ints([0, 0, 0, 0, 0, 0, 0, wq - wo])) if wq != wo else "dy"
+    if batched:
+        dyf = op.Reshape(dyp, b.ints([0, 0, -1]))                                    # (N, Co, Q)
+    else:
+        dyf = op.Reshape(op.Transpose(dyp, perm=[1, 0, 2, 3]), b.ints([la.co, -1]))   # (Co, N Q)
+    cols = []
+    for i in range(la.k[0]):
+        for j in range(la.k[1]):
+            (a, oi), (c, oj) = divmod(i * dh, sh)[::-1], divmod(j * dw, sw)[::-1]
+            t = oi * wq + oj
+            win = op.Slice(phases[a, c], b.ints([t]), b.ints([t + q]), b.ints([2]))
+            if batched:
+                g = b.reduce("ReduceSum", op.MatMul(dyf, op.Transpose(win, perm=[0, 2, 1])), [0], keepdims=False)
+            else:
+                g = op.Gemm(dyf, op.Reshape(win, b.ints([la.c, -1])), transB=1)
+            cols.append(op.Unsqueeze(g, b.ints([2])))
+    return op.Reshape(op.Concat(*cols, axis=2), b.ints(list(la.w_shape)))
+
+
+@variant("dw", "dw_shift_bmm")
+def _dw_shift_bmm(layer):
+    if layer.groups != 1:
+        return None
+    return built(layer, ("x", "dy"), layer.w_shape, lambda op, b, la: _shift_gemm(op, b, la, True))
+
+
+@variant("dw", "dw_shift_gemm")
+def _dw_shift_gemm(layer):
+    if layer.groups != 1:
+        return None
+    return built(layer, ("x", "dy"), layer.w_shape, lambda op, b, la: _shift_gemm(op, b, la, False))
+
+
 # -- torch -------------------------------------------------------------------------------------------------------
 
 def torch_kernel(layer: Layer, kernel: str, x, w, dy):
@@ -467,8 +647,9 @@ def report(results):
         tot["best"] += r["count"] * min(ort.values())
         tot["gflop"] += r["count"] * r["gflop"]
     for kernel, tot in totals.items():
-        print(f"  {kernel:3s} {tot['gflop']:6.2f} GFLOP  torch {tot['torch']:7.1f} ({tot['gflop'] / tot['torch'] * 1e3:.0f} "
-              f"GFLOP/s)  rule {tot['rule']:7.1f} ({tot['rule'] / tot['torch']:.2f}x)  best {tot['best']:7.1f} "
+        rate = tot["gflop"] / tot["torch"] * 1e3
+        print(f"  {kernel:3s} {tot['gflop']:6.2f} GFLOP  torch {tot['torch']:7.1f} ({rate:.0f} GFLOP/s)"
+              f"  rule {tot['rule']:7.1f} ({tot['rule'] / tot['torch']:.2f}x)  best {tot['best']:7.1f} "
               f"({tot['best'] / tot['torch']:.2f}x)")
 
 

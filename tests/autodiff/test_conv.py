@@ -1,0 +1,98 @@
+"""The convolution and BatchNormalization gradient paths that only larger shapes reach (test_rules.py's rows are
+small): the depthwise weight gradient window by window (100+ output positions), and the training-mode
+BatchNormalization input gradient as an inference-mode BatchNormalization plus a Mul. Each against finite
+differences (float64, onnx.reference) and torch, and in float32 on onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxtrain.autodiff.check import check_gradients, gradient_model, run_model, single_node_model
+from onnxtrain.autodiff.conv import WINDOWED_DEPTHWISE_MIN_POSITIONS
+
+torch = pytest.importorskip("torch")
+rng = np.random.default_rng(42)
+
+# (input shape, kernel, strides, pads (begin..., end...), dilations): depthwise, 1-3 spatial axes
+DEPTHWISE = [
+    ((2, 3, 12, 11), (3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+    ((2, 3, 21, 22), (3, 3), (2, 2), (1, 1, 1, 1), (1, 1)),       # stride phases, odd and even sizes
+    ((1, 2, 25, 23), (3, 2), (2, 3), (0, 1, 2, 0), (1, 1)),       # unequal strides, asymmetric pads
+    ((1, 2, 16, 15), (3, 3), (1, 1), (2, 2, 2, 2), (2, 2)),       # dilation
+    ((1, 2, 23, 24), (3, 3), (2, 1), (1, 0, 0, 1), (2, 3)),       # stride and dilation together
+    ((2, 4, 130), (5,), (1,), (2, 2), (1,)),                      # 1-D
+    ((1, 2, 6, 5, 6), (3, 3, 3), (1, 1, 1), (1, 1, 1, 1, 1, 1), (1, 1, 1)),  # 3-D
+]
+
+
+def _out_positions(shape, kernel, strides, pads, dilations) -> int:
+    n = len(kernel)
+    return int(np.prod([(shape[2 + i] + pads[i] + pads[i + n] - dilations[i] * (kernel[i] - 1) - 1) // strides[i] + 1
+                        for i in range(n)]))
+
+
+def _torch_conv(x, w, strides, pads, dilations, group):
+    n = len(strides)
+    pad = [p for i in reversed(range(n)) for p in (pads[i], pads[i + n])]   # F.pad: last axis first
+    conv = {1: torch.nn.functional.conv1d, 2: torch.nn.functional.conv2d, 3: torch.nn.functional.conv3d}[n]
+    return conv(torch.nn.functional.pad(x, pad), w, stride=strides, dilation=dilations, groups=group)
+
+
+@pytest.mark.parametrize("shape,kernel,strides,pads,dilations", DEPTHWISE, ids=[str(c[0]) for c in DEPTHWISE])
+def test_depthwise_weight_gradient_windowed(shape, kernel, strides, pads, dilations):
+    assert _out_positions(shape, kernel, strides, pads, dilations) >= WINDOWED_DEPTHWISE_MIN_POSITIONS
+    c = shape[1]
+    inputs = {"x": rng.standard_normal(shape), "w": rng.standard_normal((c, 1, *kernel))}
+    attrs = dict(group=c, strides=list(strides), pads=list(pads), dilations=list(dilations))
+    model = single_node_model("Conv", inputs, **attrs)
+    report = check_gradients(model, inputs, ["x", "w"], max_elements=40)
+    assert report.ok, str(report)
+    grads = gradient_model(model, ["w"], report.weights)
+    assert not any(n.op_type == "Conv" for n in grads.graph.node if n.output[0].startswith("grad/")), \
+        "the weight gradient should be windowed, not a grouped Conv"
+
+    x, w = (torch.tensor(v, requires_grad=True) for v in inputs.values())
+    y = _torch_conv(x, w, strides, pads, dilations, c)
+    (y * torch.tensor(report.weights["y0"])).sum().backward()
+    np.testing.assert_allclose(report.analytic["w"], w.grad.numpy(), rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(report.analytic["x"], x.grad.numpy(), rtol=1e-9, atol=1e-9)
+
+    f32 = {k: v.astype(np.float32) for k, v in inputs.items()}
+    model32 = single_node_model("Conv", f32, **attrs)
+    weights32 = {k: v.astype(np.float32) for k, v in report.weights.items()}
+    got = run_model(gradient_model(model32, ["w"], weights32), f32, backend="ort")[1]
+    np.testing.assert_allclose(got, report.analytic["w"], rtol=1e-4, atol=1e-4 * np.abs(report.analytic["w"]).max())
+
+
+def test_depthwise_weight_gradient_below_the_threshold_keeps_the_grouped_conv():
+    inputs = {"x": rng.standard_normal((2, 3, 7, 7)), "w": rng.standard_normal((3, 1, 3, 3))}
+    model = single_node_model("Conv", inputs, group=3, pads=[1, 1, 1, 1])
+    grads = gradient_model(model, ["w"], {"y0": rng.standard_normal((2, 3, 7, 7))})
+    assert any(n.op_type == "Conv" for n in grads.graph.node if n.output[0].startswith("grad/"))
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (6, 2), (3, 4, 5)], ids=["4d", "2d", "3d"])
+def test_batch_normalization_training_gradient(shape):
+    c = shape[1]
+    inputs = {"x": rng.standard_normal(shape) * 2 + 1, "s": rng.standard_normal(c), "b": rng.standard_normal(c)}
+    consts = {"m": rng.standard_normal(c), "v": rng.uniform(0.5, 1.5, c)}
+    model = single_node_model("BatchNormalization", inputs, constant_inputs=consts, training_mode=1)
+    report = check_gradients(model, inputs, ["x", "s", "b"])
+    assert report.ok, str(report)
+    assert any(n.op_type == "BatchNormalization" for n in gradient_model(model, ["x"], report.weights).graph.node
+               if n.output[0].startswith("grad/"))
+    x, s, b = (torch.tensor(v, requires_grad=True) for v in inputs.values())
+    y = torch.nn.functional.batch_norm(x, None, None, s, b, training=True)
+    (y * torch.tensor(report.weights["y0"])).sum().backward()
+    for name, t in zip("xsb", (x, s, b)):
+        np.testing.assert_allclose(report.analytic[name], t.grad.numpy(), rtol=1e-7, atol=1e-9, err_msg=name)
+
+    # onnxruntime wants training-mode BatchNormalization's three outputs; the check weights the first only
+    f32 = {k: v.astype(np.float32) for k, v in inputs.items()}
+    model32 = single_node_model("BatchNormalization", f32, n_outputs=3, training_mode=1,
+                                constant_inputs={k: v.astype(np.float32) for k, v in consts.items()})
+    got = run_model(gradient_model(model32, ["x"], {"y0": report.weights["y0"].astype(np.float32)}), f32,
+                    backend="ort")[1]
+    np.testing.assert_allclose(got, report.analytic["x"], rtol=1e-3, atol=1e-4)
