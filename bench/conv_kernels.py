@@ -1,6 +1,7 @@
 """Convolution kernels in isolation: onnxruntime (standard ONNX formulations) against torch (oneDNN), per layer.
 
     python bench/conv_kernels.py --workload resnet18            # every distinct Conv2d layer of the workload
+    python bench/conv_kernels.py --workload resnet18 --torch-profile 5   # torch.profiler over 5 training steps
     options: --rounds 3 --runs 7 --threads 2 --kernels fwd,dx,dw --only SUBSTRING --json OUT.jsonl
 
 For each distinct Conv2d of the workload (shapes captured with forward hooks on the torch model, at the
@@ -653,6 +654,42 @@ def report(results):
               f"({tot['best'] / tot['torch']:.2f}x)")
 
 
+def torch_profile(workload: str, steps: int, threads: int) -> None:
+    """torch.profiler over training steps of the workload (as bench/run_torch.py: AdamW, cross-entropy): self
+    CPU time per aten op, per step, to set beside profile_ops.py's onnxruntime table."""
+    import torch
+    import torch.nn.functional as F
+
+    import workloads
+    from common import ADAMW, make_batch
+
+    torch.set_num_threads(threads)
+    model = workloads.build(workload)
+    x, y = (torch.from_numpy(a) for a in make_batch(workload))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], **ADAMW)
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    for _ in range(3):
+        step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            step()
+        wall = (time.perf_counter() - t) / steps
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in rows) or 1
+    print(f"torch {workload}: {wall * 1e3:.1f} ms per step (profiled), {threads} threads, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"  {'aten op':<44} {'self ms/step':>12} {'share':>7} {'calls/step':>10}")
+    for e in rows[:20]:
+        print(f"  {e.key[:44]:<44} {e.self_cpu_time_total / 1e3 / steps:>12.2f} "
+              f"{100 * e.self_cpu_time_total / total:>6.1f}% {e.count / steps:>10.0f}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", default="resnet18")
@@ -664,6 +701,8 @@ def main(argv=None):
     p.add_argument("--only", help="time only the variants whose name contains one of these (and the rule)")
     p.add_argument("--layers", help="comma-separated substrings of the layer descriptions to keep")
     p.add_argument("--json", help="append the results as JSON lines to this file")
+    p.add_argument("--torch-profile", type=int, metavar="STEPS",
+                   help="instead: profile STEPS torch training steps (torch.profiler) and print the top aten ops")
     p.add_argument("--impl", choices=["ort", "torch"], help=argparse.SUPPRESS)   # the child processes
     args = p.parse_args(argv)
     if args.threads == 1:
@@ -671,6 +710,9 @@ def main(argv=None):
         # count the time other processes held the core, so the figures hold on a loaded machine.
         global CLOCK
         CLOCK = time.thread_time
+    if args.torch_profile:
+        torch_profile(args.workload, args.torch_profile, args.threads)
+        return
     layers = workload_layers(args.workload)
     if args.layers:
         layers = [(la, c) for la, c in layers if any(s in str(la) for s in args.layers.split(","))]
