@@ -96,3 +96,18 @@ def test_batch_normalization_training_gradient(shape):
     got = run_model(gradient_model(model32, ["x"], {"y0": report.weights["y0"].astype(np.float32)}), f32,
                     backend="ort")[1]
     np.testing.assert_allclose(got, report.analytic["x"], rtol=1e-3, atol=1e-4)
+
+
+def test_depthwise_conv_transpose_weight_gradient_windowed():
+    """ConvTranspose's dW is the Conv weight gradient with the roles of X and dY swapped: the windowed form
+    must read the output gradient's padded extent (output_padding included) exactly."""
+    inputs = {"x": rng.standard_normal((2, 3, 12, 11)), "w": rng.standard_normal((3, 1, 3, 3))}
+    attrs = dict(group=3, strides=[2, 2], pads=[1, 0, 1, 1], output_padding=[1, 1])
+    model = single_node_model("ConvTranspose", inputs, **attrs)
+    report = check_gradients(model, inputs, ["w"])   # onnx.reference's ConvTranspose is slow: dW only
+    assert report.ok, str(report)
+    x, w = (torch.tensor(v, requires_grad=True) for v in inputs.values())
+    y = torch.nn.functional.conv_transpose2d(x, w, stride=2, padding=0, output_padding=1, groups=3)
+    y = y[:, :, 1:-1, 0:-1]   # ONNX pads [1, 0, 1, 1] crop the full output on each side
+    (y * torch.tensor(report.weights["y0"])).sum().backward()
+    np.testing.assert_allclose(report.analytic["w"], w.grad.numpy(), rtol=1e-9, atol=1e-9)
