@@ -105,16 +105,12 @@ def _conv_weight_grad(ctx: GradContext, x: str, dy: str, w_shape, strides, dilat
 
 def _depthwise_weight_grad(ctx: GradContext, x: str, dy: str, w_shape, strides, dilations, pads, group: int,
                            in_size: Size, out_size: Size) -> str:
-    """Depthwise dW: with many output positions and static sizes, window by window (see
-    :func:`_depthwise_weight_grad_windowed`); otherwise one grouped Conv of X (batch moved into the channels)
-    with dY as the kernel, where the roles of stride and dilation swap. (A patches form with one
-    matrix-vector product per sample and channel is faster alone but its 9-fold intermediate slows the whole
-    step; see BENCHMARKS.md.)"""
+    """Depthwise dW as one grouped Conv of X (batch moved into the channels) with dY as the kernel; the roles
+    of stride and dilation swap. (A patches form with one matrix-vector product per sample and channel is
+    faster alone but its 9-fold intermediate slows the whole step; see BENCHMARKS.md.)"""
     op, b = ctx.op, ctx.b
     kernel = list(w_shape[2:])
     n = len(kernel)
-    if all_known(in_size, out_size) and int(np.prod(out_size)) >= WINDOWED_DEPTHWISE_MIN_POSITIONS:
-        return _depthwise_weight_grad_windowed(ctx, x, dy, w_shape, strides, dilations, pads, in_size, out_size)
     xg = op.Reshape(op.Transpose(x, perm=[1, 0, *range(2, 2 + n)]), b.ints([1, -1, *[0] * n]))  # (1, C*N, *S)
     kg = op.Transpose(dy, perm=[1, 0, *range(2, 2 + n)])                                         # (C, N, *P)
     dw = op.Conv(xg, kg, strides=dilations, dilations=strides, pads=pads, group=group)           # (1, C, *K')
@@ -127,54 +123,6 @@ def _depthwise_weight_grad(ctx: GradContext, x: str, dy: str, w_shape, strides, 
     if dw_size != kernel:
         dw = op.Slice(dw, b.ints([0] * n), b.ints(kernel), b.ints(list(range(2, 2 + n))))
     return op.Reshape(dw, b.ints([w_shape[0], 1, *kernel]))
-
-
-# From this many output positions on, the windowed form beats the grouped Conv (whose per-group im2col
-# and one-row GEMMs cost more than its arithmetic); below, the Conv's fewer nodes win (bench/conv_kernels.py).
-WINDOWED_DEPTHWISE_MIN_POSITIONS = 100
-
-
-def _depthwise_weight_grad_windowed(ctx: GradContext, x: str, dy: str, w_shape, strides, dilations, pads,
-                                    in_size: list[int], out_size: list[int]) -> str:
-    """Depthwise dW[c, k] = sum over n and positions p of X_padded[n, c, s p + d k] dY[n, c, p], one window at a time.
-
-    X, padded, is split into its stride phases (X_padded[..., a::s], one per residue a) and each phase is
-    flattened per (n, c) on a grid of Q positions per axis. The window of kernel index k is then one contiguous
-    run of phase (d k) mod s, starting at offset (d k) div s, and dY is laid on the same grid (zeros past its
-    end on every axis but the first), so each dW column is Slice, Mul, ReduceSum: about 5 passes over the
-    activations per kernel element, against the grouped Conv's per-group im2col of the whole input.
-    """
-    op, b = ctx.op, ctx.b
-    kernel = list(w_shape[2:])
-    n = len(kernel)
-    reach = [(k - 1) * d // s for k, d, s in zip(kernel, dilations, strides)]    # the largest offset per axis
-    grid = [max(-(-(in_size[i] + pads[i] + pads[i + n]) // strides[i]), out_size[i] + reach[i]) for i in range(n)]
-    grid[0] += 1    # the runs of the last windows go past the grid's last row by up to reach[1:]
-    end_pads = [grid[i] * strides[i] - in_size[i] - pads[i] for i in range(n)]
-    padded = op.Pad(x, b.ints([0, 0, *pads[:n], 0, 0, *end_pads]))
-    spatial = list(range(2, 2 + n))
-    phases: dict[tuple, str] = {}
-
-    def phase(residue: tuple) -> str:
-        if residue not in phases:
-            part = padded if all(s == 1 for s in strides) else op.Slice(
-                padded, b.ints(list(residue)), b.ints([g * s for g, s in zip(grid, strides)]), b.ints(spatial),
-                b.ints(strides))
-            phases[residue] = op.Reshape(part, b.ints([0, 0, -1]))                   # (N, C, prod(grid))
-        return phases[residue]
-
-    # dY on the grid: zeros past its end on axes 1.., so that runs crossing a row boundary add nothing
-    dy_pads = [0] * (2 + n) + [0, 0, 0, *[grid[i] - out_size[i] for i in range(1, n)]]
-    dy_grid = op.Reshape(op.Pad(dy, b.ints(dy_pads)) if any(dy_pads) else dy, b.ints([0, 0, -1]))
-    length = out_size[0] * int(np.prod(grid[1:]))
-    row = [int(np.prod(grid[i + 1:])) for i in range(n)]                          # the grid's strides
-    columns = []
-    for k in np.ndindex(*kernel):
-        residue, offset = zip(*(((kk * d) % s, (kk * d) // s) for kk, d, s in zip(k, dilations, strides)))
-        start = sum(o * r for o, r in zip(offset, row))
-        run = op.Slice(phase(residue), b.ints([start]), b.ints([start + length]), b.ints([2]))
-        columns.append(b.reduce("ReduceSum", op.Mul(run, dy_grid), [0, 2], keepdims=True))  # (1, C, 1)
-    return op.Reshape(op.Concat(*columns, axis=2), b.ints([w_shape[0], 1, *kernel]))
 
 
 @register("ConvTranspose")
