@@ -637,7 +637,8 @@ def report(results):
         t = r["ms"]["torch"]
         cells = "  ".join(f"{k} {v:.2f} ({r['gflop'] / v * 1e3:.0f}, {v / t:.2f}x)" for k, v in r["ms"].items())
         print(f"  {r['layer']:34s} {r['kernel']:3s} {cells}")
-    print("\nPer step, the count-weighted sum of each kernel (ms): torch, the rule, the best variant per layer")
+    print("\nPer step, the count-weighted sum of each kernel (ms): torch, the rule, the best variant per layer "
+          "(dx counts the first layer too, whose dX training never computes)")
     totals = collections.defaultdict(lambda: collections.Counter())
     for r in results:
         ms = r["ms"]
