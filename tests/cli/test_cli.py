@@ -53,6 +53,26 @@ def test_generate_stores_config_and_info_reports_it(workdir):
     assert "train config: epochs=2" in text and "13,706" in text
 
 
+def test_generate_writes_the_train_step_model_on_request(workdir, tmp_path):
+    """--train-step-model: the fused graph the JavaScript package runs; without the flag, no such file."""
+    from onnxtrain.conventions import TrainStepMeta
+
+    out = tmp_path / "fused"
+    proc = run_cli("generate", workdir / "cnn.onnx", "-o", out, "--loss", "ce", "--epochs", "1",
+                   "--train-step-model")
+    assert proc.returncode == 0, proc.stderr
+    assert "train_step_model.onnx" in proc.stdout
+    fused = onnx.load(out / "train_step_model.onnx")
+    meta = TrainStepMeta.from_model(fused)
+    assert meta.reset is True
+    session = ort.InferenceSession(str(out / "train_step_model.onnx"), providers=["CPUExecutionProvider"])
+    inputs = [i.name for i in session.get_inputs()]
+    assert inputs[:2] == ["image", "labels"] and f"{meta.prefix}learning_rate" in inputs
+    assert not (tmp_path / "plain").exists()
+    assert run_cli("generate", workdir / "cnn.onnx", "-o", tmp_path / "plain", "--loss", "ce").returncode == 0
+    assert not (tmp_path / "plain" / "train_step_model.onnx").exists()
+
+
 def test_generate_parameter_selection(workdir, tmp_path):
     out = tmp_path / "head"
     proc = run_cli("generate", workdir / "cnn.onnx", "-o", out, "--loss", "CrossEntropyLoss", "--trainable-ops", "3",

@@ -83,6 +83,9 @@ def add_parser(sub) -> None:
     g.add_argument("--nominal", action="store_true",
                    help="also write nominal_checkpoint (names, dtypes and shapes only)")
     g.add_argument("--ort-format", action="store_true", help="also write .ort files")
+    g.add_argument("--train-step-model", action="store_true",
+                   help="also write train_step_model.onnx: the training and optimizer graphs fused into one, which "
+                        "the JavaScript package (js/) runs as one session per step")
     add_train_options(p)
     p.set_defaults(run=run)
 
@@ -149,6 +152,10 @@ def run(args: argparse.Namespace) -> int:
                 training.metadata_props.remove(prop)
         training.metadata_props.add(key=TRAIN_CONFIG_KEY, value=json.dumps(config))
         atomic_write_bytes(paths["training"], training.SerializeToString())
+    if args.train_step_model:
+        from onnxtrain.artifacts.fused import write_train_step_model
+
+        paths["train_step"] = str(write_train_step_model(args.output, args.prefix))
     if args.ort_format:
         convert_to_ort([paths[k] for k in ("training", "eval", "optimizer") if k in paths])
     print(f"wrote {', '.join(os.path.basename(p) for p in paths.values())} to {args.output}")
