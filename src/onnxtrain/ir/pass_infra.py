@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import onnx
 
 from onnxtrain.errors import OnnxTrainError, PassError
+from onnxtrain.ir.files import PROTO_LIMIT
 
 __all__ = ["PassResult", "Pass", "check_default_domain"]
 
 logger = logging.getLogger(__name__)
 
-_PROTO_LIMIT = 1 << 31  # the checker takes a model in memory only below protobuf's 2 GB
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Pass:
     def ensures(self, model: onnx.ModelProto) -> None:
         """The postconditions: the default domain only, and the ONNX checker with ``full_check``."""
         check_default_domain(model, f"the {self.name} pass")
-        if model.ByteSize() >= _PROTO_LIMIT:
+        if model.ByteSize() >= PROTO_LIMIT:
             logger.info("%s: the model is over 2 GB, so the ONNX checker is skipped", self.name)
             return
         try:

@@ -6,19 +6,18 @@ import os
 
 import onnx
 
-from onnxtrain.ir.files import atomic_write_bytes
+from onnxtrain.ir.files import PROTO_LIMIT, atomic_write_bytes
 from onnxtrain.lora import LoRAMeta, MergeAdapters
 
 __all__ = ["merge_exported_model"]
 
-_PROTO_LIMIT = (1 << 31) - (64 << 20)  # protobuf cannot serialize a message of 2 GB or more
 
 
 def merge_exported_model(meta: LoRAMeta, path: str | os.PathLike) -> None:
     """Rewrite the inference model at ``path`` with the adapters of ``meta`` merged."""
     path = os.fspath(path)
     merged = MergeAdapters(meta)(onnx.load(path)).model
-    if merged.ByteSize() > _PROTO_LIMIT:
+    if merged.ByteSize() > PROTO_LIMIT - (64 << 20):
         onnx.save_model(merged, path, save_as_external_data=True, all_tensors_to_one_file=True,
                         location=os.path.basename(path) + ".data")
         return

@@ -9,13 +9,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.conventions import TrainingMeta
-from onnxtrain.ir.files import atomic_write_bytes
+from onnxtrain.ir.files import PROTO_LIMIT, atomic_write_bytes
 from onnxtrain.ir.passes import node_inputs, prune_nodes
 from onnxtrain.ir.types import infer_tensor_info
 
 __all__ = ["export_inference_model"]
 
-_PROTO_LIMIT = 1 << 31  # protobuf cannot serialize a message of 2 GB or more
 
 
 def export_inference_model(eval_model: onnx.ModelProto, meta: TrainingMeta, values: dict[str, np.ndarray],
@@ -41,7 +40,7 @@ def export_inference_model(eval_model: onnx.ModelProto, meta: TrainingMeta, valu
     model = helper.make_model(out_graph, opset_imports=list(eval_model.opset_import), producer_name="onnxtrain")
     model.ir_version = eval_model.ir_version
     path = os.fspath(path)
-    if sum(i.ByteSize() for i in initializers) > _PROTO_LIMIT - (64 << 20):
+    if sum(i.ByteSize() for i in initializers) > PROTO_LIMIT - (64 << 20):
         onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
                         location=os.path.basename(path) + ".data")
         return

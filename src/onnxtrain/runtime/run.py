@@ -28,6 +28,7 @@ import onnx
 from onnxtrain import conventions as names
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.errors import ArtifactError, PassError
+from onnxtrain.ir.files import PROTO_LIMIT
 from onnxtrain.runtime.backends.base import graph_io
 from onnxtrain.runtime.engine_errors import first_line, run_session
 from onnxtrain.runtime.loading import open_artifact_session
@@ -38,8 +39,6 @@ from onnxtrain.runtime.values import TrainingValues
 __all__ = ["TrainingRun", "PreparedUpdate"]
 
 logger = logging.getLogger(__name__)
-
-_PROTO_LIMIT = 1 << 31
 
 
 @dataclass(frozen=True)
@@ -114,7 +113,7 @@ class TrainingRun:
 
     def _check_eval_model(self) -> None:
         """The eval model passes the ONNX checker (what a session would reject at once, found without one)."""
-        if self.eval_model.ByteSize() < _PROTO_LIMIT:  # the checker takes a model in memory only below 2 GB
+        if self.eval_model.ByteSize() < PROTO_LIMIT:  # the checker takes a model in memory only below 2 GB
             try:
                 onnx.checker.check_model(self.eval_model)
             except Exception as exc:  # ValidationError, and decoding errors for damaged strings
