@@ -11,7 +11,7 @@ from google.protobuf.message import Message
 from onnx import numpy_helper
 
 __all__ = ["declare_as_inputs", "prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs",
-           "has_subgraphs", "rename_values", "default_opset", "clone"]
+           "has_subgraphs", "ancestors", "fresh_name", "rename_values", "default_opset", "clone"]
 
 M = TypeVar("M", bound=Message)
 
@@ -85,6 +85,32 @@ def used_names(graph: onnx.GraphProto) -> set[str]:
         names.add(node.name)
     names.discard("")
     return names
+
+
+def ancestors(nodes: Sequence[onnx.NodeProto], values: Iterable[str],
+              producer: Mapping[str, int] | None = None) -> set[int]:
+    """Indices of the nodes ``values`` are computed from, their producers included (through every input a node
+    reads, its subgraphs' too). ``producer`` (value -> index of its node) can be given when it is at hand."""
+    if producer is None:
+        producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    seen: set[int] = set()
+    stack = list(values)
+    while stack:
+        k = producer.get(stack.pop())
+        if k is not None and k not in seen:
+            seen.add(k)
+            stack.extend(x for x in node_inputs(nodes[k]) if x)
+    return seen
+
+
+def fresh_name(name: str, taken: set[str]) -> str:
+    """``name``, or ``name_1``, ``name_2``, ... : the first not in ``taken``, which it is then added to."""
+    k, candidate = 0, name
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}_{k}"
+    taken.add(candidate)
+    return candidate
 
 
 def rename_values(nodes: Iterable[onnx.NodeProto], rename: Mapping[str, str]) -> None:

@@ -40,7 +40,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, constant_values, implicit_inputs, node_inputs, used_names
+from onnxtrain.ir.passes import ancestors, clone, constant_values, fresh_name, implicit_inputs, node_inputs, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
 __all__ = ["RecomputeInBackward", "forward_nodes"]
@@ -106,12 +106,7 @@ class RecomputeInBackward(Pass):
         nodes: list[onnx.NodeProto] = []
 
         def unique(name: str) -> str:
-            k, candidate = 0, name
-            while candidate in taken:
-                k += 1
-                candidate = f"{name}_{k}"
-            taken.add(candidate)
-            return candidate
+            return fresh_name(name, taken)
 
         zero: list[str] = []  # the int64 0 the view shapes add, created once
 
@@ -171,15 +166,7 @@ class RecomputeInBackward(Pass):
 
 def forward_nodes(nodes, value: str) -> set[int]:
     """The indices of the nodes ``value`` (the loss) depends on: the forward."""
-    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
-    seen: set[int] = set()
-    stack = [value]
-    while stack:
-        k = producer.get(stack.pop())
-        if k is not None and k not in seen:
-            seen.add(k)
-            stack.extend(x for x in node_inputs(nodes[k]) if x)
-    return seen
+    return ancestors(nodes, [value])
 
 
 def _rank(infos: dict[str, TensorInfo], value: str) -> int:

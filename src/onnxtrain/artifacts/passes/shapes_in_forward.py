@@ -28,7 +28,7 @@ from onnx import helper, numpy_helper
 
 from onnxtrain.artifacts.passes.recompute import forward_nodes
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, implicit_inputs, used_names
+from onnxtrain.ir.passes import clone, fresh_name, implicit_inputs, used_names
 
 __all__ = ["ShapesInForward"]
 
@@ -65,12 +65,7 @@ class ShapesInForward(Pass):
         taken = used_names(out.graph)
 
         def unique(name: str) -> str:
-            k, candidate = 0, name
-            while candidate in taken:
-                k += 1
-                candidate = f"{name}_{k}"
-            taken.add(candidate)
-            return candidate
+            return fresh_name(name, taken)
 
         shapes = {x: unique(x + "/shape") for x in targets}
         pinned = {x: unique(x + "/pinned") for x in targets}

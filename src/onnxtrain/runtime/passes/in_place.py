@@ -25,7 +25,7 @@ import onnx
 
 from onnxtrain.errors import PassError
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, prune_nodes
+from onnxtrain.ir.passes import ancestors, clone, prune_nodes
 
 __all__ = ["InPlaceUpdate"]
 
@@ -44,13 +44,13 @@ class InPlaceUpdate(Pass):
 
     def call(self, model: onnx.ModelProto) -> PassResult:
         g = model.graph
-        producer = {o for node in g.node for o in node.output if o}
+        computed = {o for node in g.node for o in node.output if o}
         graph_inputs = {i.name for i in g.input}
         graph_outputs = {o.name for o in g.output}
         for x, out in self.pairs:
             if x not in graph_inputs or out not in graph_outputs:
                 raise PassError(f"the update graph has no input {x!r} and output {out!r} to update in place")
-            if out not in producer:
+            if out not in computed:
                 raise PassError(f"the update graph's output {out!r} is not computed by a node")
         kept_outputs = [o for o in g.output if o.name not in self.drop]
         nodes = prune_nodes(list(g.node), [o.name for o in kept_outputs])
@@ -64,24 +64,17 @@ class InPlaceUpdate(Pass):
         return PassResult(result, True)
 
 
-def _ancestors(nodes: Sequence[onnx.NodeProto], values: set[str]) -> set[int]:
-    """Indices of the nodes ``values`` are computed from (the producers included)."""
-    producer = {o: k for k, node in enumerate(nodes) for o in node.output if o}
-    found, stack = set(), [producer[v] for v in values if v in producer]
-    while stack:
-        k = stack.pop()
-        if k not in found:
-            found.add(k)
-            stack.extend(producer[x] for x in nodes[k].input if x in producer)
-    return found
-
-
 def _check_aliases(nodes: Sequence[onnx.NodeProto], pairs: Sequence[tuple[str, str]]) -> None:
     """PassError unless every reader of each aliased input runs before (or is) the writer of its output."""
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    readers: dict[str, list[int]] = {}
+    for k, n in enumerate(nodes):
+        for x in n.input:
+            readers.setdefault(x, []).append(k)
     for x, out in pairs:
-        before = _ancestors(nodes, {out})
-        late = [n for k, n in enumerate(nodes) if x in n.input and k not in before]
+        before = ancestors(nodes, [out], producer)
+        late = [k for k in readers.get(x, []) if k not in before]
         if late:
-            node = late[0]
+            node = nodes[late[0]]
             raise PassError(f"{node.op_type} node {node.name or node.output[0]!r} reads {x!r} but does not feed "
                             f"{out!r}: it could run after {x!r} is overwritten in place")
