@@ -1,5 +1,5 @@
 """The pass contract (ir/pass_infra.py): a modified result is checked (ONNX checker, default domain only), and
-every failure is a PassError that names the pass."""
+every failure is a PassError that names the pass; a PassManager checks once, at the end."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxtrain.errors import PassError
-from onnxtrain.ir.pass_infra import Pass, PassResult
+from onnxtrain.ir.pass_infra import Pass, PassManager, PassResult
 
 
 def _model(*nodes, domains=("",)):
@@ -56,3 +56,51 @@ def test_a_failure_inside_a_pass_names_it():
 
     with pytest.raises(PassError, match="the Broken pass failed: KeyError"):
         Broken()(onnx.ModelProto())
+
+
+class Counting(Replace):
+    """Replace, counting the full checks of its results."""
+
+    checks = 0
+
+    def ensures(self, model):
+        type(self).checks += 1
+        super().ensures(model)
+
+
+def test_a_pass_manager_checks_the_final_model_once(monkeypatch):
+    calls = []
+    real = onnx.checker.check_model
+    monkeypatch.setattr(onnx.checker, "check_model", lambda m, **kw: calls.append(m) or real(m, **kw))
+    abs_, neg = _model(helper.make_node("Abs", ["x"], ["y"])), _model(helper.make_node("Neg", ["x"], ["y"]))
+    result = PassManager([Replace(abs_), Replace(neg), Replace(None, modified=False)])(_model())
+    assert result.modified and result.model is neg
+    assert calls == [neg]
+
+
+def test_a_pass_manager_names_the_first_pass_that_broke_the_model():
+    dangling = _model(helper.make_node("Relu", ["nowhere"], ["y"]))
+    also_dangling = _model(helper.make_node("Abs", ["nowhere"], ["y"]))
+
+    class First(Replace):
+        pass
+
+    class Second(Replace):
+        pass
+
+    with pytest.raises(PassError, match="the First pass produced an invalid model"):
+        PassManager([First(dangling), Second(also_dangling)])(_model())
+    with pytest.raises(PassError, match="the Second pass produced an invalid model"):
+        PassManager([First(_model()), Second(also_dangling)])(_model())
+
+
+def test_a_pass_manager_checks_a_pass_with_postconditions_of_its_own_on_its_result():
+    Counting.checks = 0
+    PassManager([Counting(_model(helper.make_node("Abs", ["x"], ["y"]))), Replace(_model())])(_model())
+    assert Counting.checks == 1
+
+
+def test_a_pass_manager_with_nothing_modified_checks_nothing():
+    dangling = _model(helper.make_node("Relu", ["nowhere"], ["y"]))
+    result = PassManager([Replace(None, modified=False)])(dangling)
+    assert not result.modified and result.model is dangling

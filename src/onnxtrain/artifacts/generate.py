@@ -21,6 +21,7 @@ from onnxtrain.checkpoint import CheckpointData, save_checkpoint
 from onnxtrain.conventions import artifact_file
 from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.files import atomic_write_bytes
+from onnxtrain.ir.pass_infra import PassManager
 from onnxtrain.lora import LoRA
 from onnxtrain.tflite.source import RECORD_KEY, SKELETON_KEY, SourceRecord, has_source
 
@@ -111,8 +112,10 @@ def generate_artifacts(
         # the shapes of (ShapesInForward), then it recomputes cheap ones (erf GELU's intermediates, attention
         # probabilities) from values it keeps anyway; in this order, so that a value read only for its shape
         # does not count as kept (docs/memory.md, docs/lora.md).
-        graphs.training = ShapesInForward()(graphs.training).model
-        graphs.training = RecomputeInBackward()(graphs.training).model
+        memory = PassManager([ShapesInForward(), RecomputeInBackward()])(graphs.training)
+        graphs.training = memory.model
+        if memory.modified:
+            graphs.checked.add("training")
         if lora_meta is not None:
             finish_lora(graphs, lora_meta)
         return plan, graphs
@@ -142,7 +145,9 @@ def generate_artifacts(
             opt_block, {p: source.weights[p] for p in plan.trainable}, source.opset, graphs.training.ir_version)
     for kind, proto in models.items():
         serialized = proto.SerializeToString()
-        onnx.checker.check_model(serialized, full_check=True)
+        # Every artifact passes the full check once; a graph the passes already checked only gets the structural
+        # one here, which also covers the metadata added since.
+        onnx.checker.check_model(serialized, full_check=kind not in graphs.checked)
         atomic_write_bytes(paths[kind], serialized)
 
     # Optimizer state starts at zero: the runtime creates it, so the checkpoint holds only the weights.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -17,6 +17,7 @@ from onnxtrain.autodiff import build_gradients
 from onnxtrain.blocks.base import Block, BuildContext
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.ir.builder import GraphBuilder
+from onnxtrain.ir.pass_infra import PassManager
 from onnxtrain.ir.passes import constant_values, default_opset, node_inputs, prune_nodes, rename_values, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info, value_info
 
@@ -29,6 +30,7 @@ class TrainingGraphs:
     eval: onnx.ModelProto
     user_inputs: list[str]
     label_inputs: list[str]
+    checked: set[str] = field(default_factory=set)  # "training", "eval": graphs a pass run already fully checked
 
 
 
@@ -178,8 +180,9 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     eval_nodes = prune_nodes(forward_nodes, [loss_name, *extras])
     eval_graph = helper.make_graph(eval_nodes, "eval", [*user_inputs, *labels, *state_inputs],
                                    [loss_vi, *extra_outputs], initializer=_used(full.initializer, eval_nodes))
-    evaluation = DropUnreadIndices()(EvalMode()(_model(model, eval_graph, meta)).model).model
-    return TrainingGraphs(training, evaluation, [i.name for i in user_inputs], [i.name for i in labels])
+    eval_passes = PassManager([EvalMode(), DropUnreadIndices()])(_model(model, eval_graph, meta))
+    return TrainingGraphs(training, eval_passes.model, [i.name for i in user_inputs], [i.name for i in labels],
+                          checked={"eval"} if eval_passes.modified else set())
 
 
 def _used(initializers, nodes) -> list[onnx.TensorProto]:

@@ -4,11 +4,15 @@ A pass implements :meth:`Pass.call`; calling the pass object runs it and, when i
 its postconditions: the ONNX checker (``full_check=True``) passes and every node and opset import is in the
 default domain, so the result still runs on any stock onnxruntime. A pass that cannot do its rewrite raises
 :class:`~onnxtrain.errors.PassError`; it never returns ``None`` for "did not apply".
+
+:class:`PassManager` runs several passes and checks those postconditions once, on the last result: the full ONNX
+check runs shape inference over the whole model, which on a large training graph costs as much as a pass.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -16,7 +20,7 @@ import onnx
 from onnxtrain.errors import OnnxTrainError, PassError
 from onnxtrain.ir.files import PROTO_LIMIT
 
-__all__ = ["PassResult", "Pass", "check_default_domain"]
+__all__ = ["PassResult", "Pass", "PassManager", "check_default_domain"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,15 +55,20 @@ class Pass:
         return type(self).__name__
 
     def __call__(self, model: onnx.ModelProto) -> PassResult:
+        result = self.run(model)
+        if result.modified:
+            self.ensures(result.model)
+        return result
+
+    def run(self, model: onnx.ModelProto) -> PassResult:
+        """:meth:`call`, with any failure reported as a PassError naming the pass; the postconditions are left
+        to the caller (:class:`PassManager` checks them once for several passes)."""
         try:
-            result = self.call(model)
+            return self.call(model)
         except OnnxTrainError:
             raise
         except Exception as exc:  # a bug in the pass, or a model it does not expect: name the pass
             raise PassError(f"the {self.name} pass failed: {type(exc).__name__}: {exc}") from exc
-        if result.modified:
-            self.ensures(result.model)
-        return result
 
     def ensures(self, model: onnx.ModelProto) -> None:
         """The postconditions: the default domain only, and the ONNX checker with ``full_check``."""
@@ -72,3 +81,36 @@ class Pass:
         except Exception as exc:  # ValidationError, InferenceError, and decoding errors for damaged strings
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             raise PassError(f"the {self.name} pass produced an invalid model: {first}") from None
+
+
+class PassManager:
+    """Run ``passes`` in order, each on the previous one's result, and check the postconditions once, on the
+    final model (as a pass's own ``__call__`` would have checked its result). A pass with postconditions of its
+    own (an overridden :meth:`Pass.ensures`) is also checked on its own result.
+
+    When the final check fails, the results of the earlier passes are checked in order, so that the PassError
+    names the first pass that produced an invalid model, as checking after every pass would.
+    """
+
+    def __init__(self, passes: Sequence[Pass]):
+        self.passes = list(passes)
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        produced: list[tuple[Pass, onnx.ModelProto]] = []
+        for pass_ in self.passes:
+            result = pass_.run(model)
+            if result.modified:
+                produced.append((pass_, result.model))
+                model = result.model
+                if type(pass_).ensures is not Pass.ensures:
+                    pass_.ensures(model)
+        if not produced:
+            return PassResult(model, False)
+        last, final = produced[-1]
+        try:
+            Pass.ensures(last, final)
+        except PassError:
+            for pass_, result_model in produced[:-1]:
+                Pass.ensures(pass_, result_model)
+            raise
+        return PassResult(final, True)
