@@ -26,9 +26,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxtrain.artifacts.passes.recompute import forward_nodes
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, fresh_name, implicit_inputs, used_names
+from onnxtrain.ir.passes import ancestors, clone, fresh_name, has_subgraphs, implicit_inputs, used_names
 
 __all__ = ["ShapesInForward"]
 
@@ -42,22 +41,21 @@ class ShapesInForward(Pass):
         self.loss = loss  # None: the graph's first output
 
     def call(self, model: onnx.ModelProto) -> PassResult:
-        graph = model.graph
-        forward = forward_nodes(graph.node, self.loss or graph.output[0].name)
-        producer = {o: k for k, n in enumerate(graph.node) if k in forward for o in n.output if o}
-        captured = {x for n in graph.node for x in implicit_inputs(n)}
+        nodes = list(model.graph.node)
+        producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+        forward = ancestors(nodes, [self.loss or model.graph.output[0].name], producer)
+        producer = {o: k for o, k in producer.items() if k in forward}
+        captured = {x for n in nodes if has_subgraphs(n) for x in implicit_inputs(n)}
         backward_readers: dict[str, list[int]] = {}
-        forward_read: set[str] = set()
-        for k, node in enumerate(graph.node):
+        forward_readers: dict[str, list[int]] = {}
+        for k, node in enumerate(nodes):
+            readers = forward_readers if k in forward else backward_readers
             for x in node.input:
                 if x in producer:
-                    if k in forward:
-                        forward_read.add(x)
-                    else:
-                        backward_readers.setdefault(x, []).append(k)
+                    readers.setdefault(x, []).append(k)
         targets = [x for x, readers in backward_readers.items()
-                   if x in forward_read and x not in captured
-                   and all(_shape_op(graph.node[k]) for k in readers)]
+                   if x in forward_readers and x not in captured
+                   and all(_shape_op(nodes[k]) for k in readers)]
         if not targets:
             return PassResult(model, False)
 
@@ -74,18 +72,16 @@ class ShapesInForward(Pass):
             after.setdefault(producer[x], []).extend([
                 helper.make_node("Shape", [x], [shapes[x]], name=unique(x + "/shape_in_forward")),
                 helper.make_node("Reshape", [x, shapes[x]], [pinned[x]], name=unique(x + "/pinned_after_shape"))])
+        graph = out.graph
         replaced = {k: x for x in targets for k in backward_readers[x]}
-        nodes: list[onnx.NodeProto] = []
-        for k, node in enumerate(out.graph.node):
-            if k in replaced:
-                nodes.append(self._from_shape(out.graph, node, shapes[replaced[k]], unique))
-                continue
-            if k in forward:
-                node.input[:] = [pinned.get(x, x) for x in node.input]
-            nodes.append(node)
-            nodes.extend(after.get(k, []))
-        del out.graph.node[:]
-        out.graph.node.extend(nodes)
+        for k in sorted(replaced):
+            graph.node[k].CopyFrom(self._from_shape(graph, graph.node[k], shapes[replaced[k]], unique))
+        for k in {k for x in targets for k in forward_readers[x]}:
+            node = graph.node[k]
+            node.input[:] = [pinned.get(x, x) for x in node.input]
+        for k in sorted(after, reverse=True):  # from the end, so that the earlier positions stay valid
+            for offset, node in enumerate(after[k], 1):
+                graph.node.insert(k + offset, node)
         return PassResult(out, True)
 
     @staticmethod
