@@ -17,10 +17,11 @@ from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
 from onnxtrain.blocks import ops, optim
 from onnxtrain.blocks.base import Block
 from onnxtrain.builtins import LossType, OptimType
-from onnxtrain.checkpoint import CheckpointData, save_checkpoint
+from onnxtrain.checkpoint import CheckpointData
+from onnxtrain.checkpoint.format import checkpoint_pieces
 from onnxtrain.conventions import artifact_file
 from onnxtrain.errors import UnsupportedOpError
-from onnxtrain.ir.files import atomic_write_bytes
+from onnxtrain.ir.files import StagedFiles
 from onnxtrain.ir.pass_infra import PassManager
 from onnxtrain.lora import LoRA
 from onnxtrain.tflite.source import RECORD_KEY, SKELETON_KEY, SourceRecord, has_source
@@ -28,6 +29,10 @@ from onnxtrain.tflite.source import RECORD_KEY, SKELETON_KEY, SourceRecord, has_
 __all__ = ["generate_artifacts", "LossType", "OptimType", "convert_to_ort"]
 
 logger = logging.getLogger(__name__)
+
+# A serialized model larger than this is written before the next one is serialized, so that at most one such
+# copy is alive; smaller ones are written on the writer's thread while the next is checked.
+_WRITE_AHEAD_BYTES = 1 << 26
 
 
 def _resolve_loss(loss) -> tuple[Block, bool]:
@@ -102,10 +107,24 @@ def generate_artifacts(
                          "only, so that they run on any stock onnxruntime")
     loss_block, all_outputs = _resolve_loss(loss)
     opt_block = _resolve_optimizer(optimizer)
-    def build(source):
+    out_dir = os.fspath(artifact_directory or os.getcwd())
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {kind: os.path.join(out_dir, artifact_file(kind, prefix)) for kind in ("training", "eval")}
+    if opt_block is not None:
+        paths["optimizer"] = os.path.join(out_dir, artifact_file("optimizer", prefix))
+    paths["checkpoint"] = os.path.join(out_dir, artifact_file("checkpoint", prefix))
+    if nominal_checkpoint:
+        paths["nominal_checkpoint"] = os.path.join(out_dir, artifact_file("nominal_checkpoint", prefix))
+
+    def build(source, files: StagedFiles):
         train, frozen, lora_meta = (apply_lora(source, lora, requires_grad, frozen_params) if lora is not None
                                     else (requires_grad, frozen_params, None))
         plan = plan_parameters(source.model.graph, source.weights, train, frozen, trainable_ops)
+        # The checkpoint is hashed and written on the writer's thread while the graphs are built.
+        data = _checkpoint_data(source.weights, plan)
+        files.stage(paths["checkpoint"], lambda: checkpoint_pieces(data))
+        if nominal_checkpoint:
+            files.stage(paths["nominal_checkpoint"], lambda: checkpoint_pieces(data.nominal_copy()))
         graphs = build_graphs(source.model, source.weights, plan, loss_block, loss_input_names,
                               additional_output_names, all_outputs)
         # The backward keeps fewer forward values: with a dynamic axis it reads the shapes of values it only needs
@@ -122,48 +141,42 @@ def generate_artifacts(
 
     source = load_source_model(model)
     requires_grad, trainable_ops = _flatbuffer_operators(source.model, requires_grad, trainable_ops)
-    try:  # at the model's own opset, as the peer; some gradients need ops of newer opsets
-        plan, graphs = build(source)
-    except UnsupportedOpError as exc:
-        if source.opset >= MIN_OPSET:
-            raise
-        logger.warning("converting the model to opset %d: its gradient needs it (%s)", MIN_OPSET, exc)
-        source = load_source_model(model, min_opset=MIN_OPSET)
-        plan, graphs = build(source)
+    with StagedFiles() as files:  # nothing replaces an existing artifact unless every one was built
+        try:  # at the model's own opset, as the peer; some gradients need ops of newer opsets
+            plan, graphs = build(source, files)
+        except UnsupportedOpError as exc:
+            if source.opset >= MIN_OPSET:
+                raise
+            logger.warning("converting the model to opset %d: its gradient needs it (%s)", MIN_OPSET, exc)
+            files.discard()
+            source = load_source_model(model, min_opset=MIN_OPSET)
+            plan, graphs = build(source, files)
 
-    # A model imported from .tflite/.circle carries its source file: the training model keeps it, so that the
-    # trained weights can be written back from the artifacts alone (`onnxtrain export --format tflite`).
-    graphs.training.metadata_props.extend(p for p in source.model.metadata_props
-                                          if p.key in (RECORD_KEY, SKELETON_KEY))
-    out_dir = os.fspath(artifact_directory or os.getcwd())
-    os.makedirs(out_dir, exist_ok=True)
-    paths = {kind: os.path.join(out_dir, artifact_file(kind, prefix)) for kind in ("training", "eval")}
-    models = {"training": graphs.training, "eval": graphs.eval}
-    if opt_block is not None:
-        paths["optimizer"] = os.path.join(out_dir, artifact_file("optimizer", prefix))
-        models["optimizer"] = build_optimizer_model(
-            opt_block, {p: source.weights[p] for p in plan.trainable}, source.opset, graphs.training.ir_version)
-    for kind, proto in models.items():
-        serialized = proto.SerializeToString()
-        # Every artifact passes the full check once; a graph the passes already checked only gets the structural
-        # one here, which also covers the metadata added since.
-        onnx.checker.check_model(serialized, full_check=kind not in graphs.checked)
-        atomic_write_bytes(paths[kind], serialized)
-
-    # Optimizer state starts at zero: the runtime creates it, so the checkpoint holds only the weights.
-    data = CheckpointData(
-        trainable={p: source.weights[p] for p in plan.trainable},
-        frozen={p: source.weights[p] for p in plan.frozen},
-        buffers={p: source.weights[p] for p in plan.buffers},
-    )
-    paths["checkpoint"] = os.path.join(out_dir, artifact_file("checkpoint", prefix))
-    save_checkpoint(data, paths["checkpoint"])
-    if nominal_checkpoint:
-        paths["nominal_checkpoint"] = os.path.join(out_dir, artifact_file("nominal_checkpoint", prefix))
-        save_checkpoint(data.nominal_copy(), paths["nominal_checkpoint"])
+        # A model imported from .tflite/.circle carries its source file: the training model keeps it, so that the
+        # trained weights can be written back from the artifacts alone (`onnxtrain export --format tflite`).
+        graphs.training.metadata_props.extend(p for p in source.model.metadata_props
+                                              if p.key in (RECORD_KEY, SKELETON_KEY))
+        models = {"training": graphs.training, "eval": graphs.eval}
+        if opt_block is not None:
+            models["optimizer"] = build_optimizer_model(
+                opt_block, {p: source.weights[p] for p in plan.trainable}, source.opset, graphs.training.ir_version)
+        for kind, proto in models.items():
+            serialized = proto.SerializeToString()
+            # Every artifact passes the full check once; a graph the passes already checked only gets the
+            # structural one here, which also covers the metadata added since.
+            onnx.checker.check_model(serialized, full_check=kind not in graphs.checked)
+            files.stage(paths[kind], serialized, wait=len(serialized) > _WRITE_AHEAD_BYTES)
+        files.commit()
     if ort_format:
         convert_to_ort([paths[k] for k in models])
     return paths
+
+
+def _checkpoint_data(weights: dict, plan) -> CheckpointData:
+    """The checkpoint: the weights only (the runtime creates the optimizer state, at zero)."""
+    return CheckpointData(trainable={p: weights[p] for p in plan.trainable},
+                          frozen={p: weights[p] for p in plan.frozen},
+                          buffers={p: weights[p] for p in plan.buffers})
 
 
 def _flatbuffer_operators(model: onnx.ModelProto, requires_grad, trainable_ops: int):

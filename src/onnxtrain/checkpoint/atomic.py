@@ -24,7 +24,7 @@ try:
 except ImportError:  # Windows: no advisory locks, so leftovers are never judged stale
     fcntl = None
 
-__all__ = ["atomic_write", "clear_stale_temps"]
+__all__ = ["atomic_write", "StagedWrite", "fsync_directory", "clear_stale_temps"]
 
 # A temporary file younger than this is never removed: its writer may not have locked it yet.
 _GRACE_SECONDS = 5.0
@@ -40,31 +40,56 @@ def atomic_write(path: str | os.PathLike[str],
         FileNotFoundError: the directory of ``path`` does not exist.
         OSError: any other I/O failure; the old file at ``path``, if any, is untouched.
     """
-    target = os.path.abspath(os.fspath(path))
-    directory, name = os.path.split(target)
-    if os.path.isdir(target):
-        raise IsADirectoryError(errno.EISDIR, "cannot save over a directory", target)
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(errno.ENOENT, "cannot save: the directory does not exist", directory)
-    clear_stale_temps(target)
-    temp, fd = _create_temp(directory, name)
-    try:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # held until the rename: this file has a live writer
-        with os.fdopen(fd, "wb") as file:
-            for piece in [data] if isinstance(data, bytes | bytearray | memoryview) else data:
-                file.write(piece)
-            file.flush()
-            os.fsync(file.fileno())
+    staged = StagedWrite(path, data)
+    staged.commit()
+    fsync_directory(staged.directory)
+
+
+class StagedWrite:
+    """The first half of :func:`atomic_write`, for files replaced together: ``data`` is written to a temporary
+    file beside ``path``, flushed and fsync'ed (and locked: a live writer's). :meth:`commit` renames it onto
+    ``path``, after which the caller fsyncs the directory, once for several files (:func:`fsync_directory`);
+    :meth:`discard` removes it and leaves ``path`` untouched. Raises as :func:`atomic_write` does."""
+
+    def __init__(self, path: str | os.PathLike[str],
+                 data: bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]):
+        self.target = os.path.abspath(os.fspath(path))
+        self.directory, name = os.path.split(self.target)
+        if os.path.isdir(self.target):
+            raise IsADirectoryError(errno.EISDIR, "cannot save over a directory", self.target)
+        if not os.path.isdir(self.directory):
+            raise FileNotFoundError(errno.ENOENT, "cannot save: the directory does not exist", self.directory)
+        clear_stale_temps(self.target)
+        self._temp, fd = _create_temp(self.directory, name)
+        self._open = contextlib.ExitStack()  # the temporary file, open (and locked) until the rename
+        try:
             if fcntl is not None:
-                os.replace(temp, target)
-        if fcntl is None:  # Windows cannot rename a file that is open
-            os.replace(temp, target)
-    except BaseException:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held until the rename: this file has a live writer
+            self._file = self._open.enter_context(os.fdopen(fd, "wb"))
+            for piece in [data] if isinstance(data, bytes | bytearray | memoryview) else data:
+                self._file.write(piece)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            if fcntl is None:  # Windows cannot rename a file that is open
+                self._open.close()
+        except BaseException:
+            self.discard()
+            raise
+
+    def commit(self) -> None:
+        """Rename the temporary file onto the target (not yet durable: fsync the directory next)."""
+        try:
+            os.replace(self._temp, self.target)
+        except BaseException:
+            self.discard()
+            raise
+        self._open.close()
+
+    def discard(self) -> None:
+        """Remove the temporary file; the target keeps its old content."""
+        self._open.close()
         with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    _fsync_directory(directory)
+            os.unlink(self._temp)
 
 
 def clear_stale_temps(path: str | os.PathLike[str]) -> list[str]:
@@ -111,7 +136,7 @@ def _create_temp(directory: str, name: str) -> tuple[str, int]:
     raise FileExistsError(errno.EEXIST, "could not find a free temporary file name", directory)
 
 
-def _fsync_directory(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
     """Make the rename durable. Windows cannot open directories, and some file systems refuse to sync them;
     there the rename is as durable as the platform allows."""
     if os.name == "nt":

@@ -29,7 +29,7 @@ from onnxtrain.checkpoint.metadata import (
 )
 from onnxtrain.errors import CheckpointError
 
-__all__ = ["save_checkpoint", "load_checkpoint", "safetensors_pieces", "CHECKPOINT_FORMAT_VERSION"]
+__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_pieces", "safetensors_pieces", "CHECKPOINT_FORMAT_VERSION"]
 
 
 def save_checkpoint(data: CheckpointData, path: str | os.PathLike[str], include_optimizer_state: bool = True) -> None:
@@ -46,6 +46,12 @@ def save_checkpoint(data: CheckpointData, path: str | os.PathLike[str], include_
         ValueError: a nominal checkpoint holds arrays, a full one holds specs, or a name or value is invalid.
         OSError: writing failed; the old file at ``path`` is untouched.
     """
+    atomic_write(path, checkpoint_pieces(data, include_optimizer_state))
+
+
+def checkpoint_pieces(data: CheckpointData, include_optimizer_state: bool = True) -> list[bytes | memoryview]:
+    """The bytes :func:`save_checkpoint` writes, as :func:`safetensors_pieces` (views of the arrays, not copies);
+    raises as :func:`save_checkpoint` does, before anything is written."""
     if not isinstance(data, CheckpointData):
         raise TypeError(f"save_checkpoint() expects a CheckpointData, got {type(data).__name__}")
     if data.nominal:
@@ -59,7 +65,7 @@ def save_checkpoint(data: CheckpointData, path: str | os.PathLike[str], include_
         tensors = {key: array for key, array in tensors.items() if not key.startswith("optimizer/")}
         specs = {key: spec for key, spec in specs.items() if not key.startswith("optimizer/")}
     text = encode_metadata(specs, data.step, data.properties, data.nominal, tensors_sha256(tensors.values()))
-    atomic_write(path, safetensors_pieces(tensors, {METADATA_KEY: text}))
+    return safetensors_pieces(tensors, {METADATA_KEY: text})
 
 
 def safetensors_pieces(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> list[bytes | memoryview]:

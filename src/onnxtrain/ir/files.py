@@ -1,8 +1,63 @@
 """Crash-safe file writes for every artifact (one implementation, shared with the checkpoint writer)."""
 
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from onnxtrain.checkpoint.atomic import StagedWrite, fsync_directory
 from onnxtrain.checkpoint.atomic import atomic_write as atomic_write_bytes
 
-__all__ = ["atomic_write_bytes", "PROTO_LIMIT"]
+__all__ = ["atomic_write_bytes", "StagedFiles", "PROTO_LIMIT"]
 
 # Protobuf cannot serialize a message of 2 GB or more, and onnx's checker takes a model in memory only below it.
 PROTO_LIMIT = 1 << 31
+
+Data = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
+
+
+class StagedFiles:
+    """Files written as one set, each as :func:`atomic_write_bytes` would, on a background thread.
+
+    :meth:`stage` hands a file's bytes (or a function computing them) to a worker thread, which writes and
+    fsyncs them to a temporary file beside the target while the caller goes on (file writes, fsync and hashing
+    release the GIL). :meth:`commit` waits for the worker, renames every file onto its target in staging order
+    and fsyncs each directory once. Leaving the ``with`` block by an exception, or :meth:`discard`, removes the
+    temporary files: every target keeps its old content.
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="onnxtrain-write")
+        self._staged: list[Future[StagedWrite]] = []
+
+    def stage(self, path: str | os.PathLike[str], data: Data | Callable[[], Data], wait: bool = False) -> None:
+        """Queue ``path``'s content; ``wait`` blocks until it is written (so that large bytes can be dropped)."""
+        future = self._pool.submit(lambda: StagedWrite(path, data() if callable(data) else data))
+        self._staged.append(future)
+        if wait:
+            future.result()
+
+    def commit(self) -> None:
+        """Rename every staged file onto its target; raises the first staging error (nothing renamed then)."""
+        staged = [future.result() for future in self._staged]
+        for file in staged:
+            file.commit()
+        self._staged = []
+        for directory in dict.fromkeys(file.directory for file in staged):
+            fsync_directory(directory)
+
+    def discard(self) -> None:
+        """Remove every staged file (waiting for the worker first); the targets are untouched."""
+        staged, self._staged = self._staged, []
+        for future in staged:
+            if future.exception() is None:  # a file that failed to stage removed its temporary file itself
+                future.result().discard()
+
+    def __enter__(self) -> StagedFiles:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.discard()
+        self._pool.shutdown(wait=True)
