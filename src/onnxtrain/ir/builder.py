@@ -19,6 +19,19 @@ _AXES_AS_INPUT_SINCE = {
 }
 
 
+def _attribute(key: str, value: Any) -> onnx.AttributeProto:
+    """``helper.make_attribute(key, value)``: the same proto, built directly for the common types (the helper's
+    abstract-class checks cost more than the node itself when a graph is built)."""
+    kind = type(value)
+    if kind is int:
+        return onnx.AttributeProto(name=key, i=value, type=onnx.AttributeProto.INT)
+    if kind is float:
+        return onnx.AttributeProto(name=key, f=value, type=onnx.AttributeProto.FLOAT)
+    if kind is list and value and all(type(v) is int for v in value):
+        return onnx.AttributeProto(name=key, ints=value, type=onnx.AttributeProto.INTS)
+    return helper.make_attribute(key, value)
+
+
 class _Ops:
     def __init__(self, builder: GraphBuilder):
         self._b = builder
@@ -81,8 +94,8 @@ class GraphBuilder:
         names = [i or "" for i in inputs]
         while names and not names[-1]:   # trailing optional inputs are left out (older opsets have fewer slots)
             names.pop()
-        n = helper.make_node(op_type, names, out_names, name=self.unique(name or op_type),
-                             **attrs)
+        n = onnx.NodeProto(op_type=op_type, input=names, output=out_names, name=self.unique(name or op_type))
+        n.attribute.extend(_attribute(key, value) for key, value in sorted(attrs.items()))
         self.nodes.append(n)
         return out_names[0] if isinstance(outputs, int) and outputs == 1 else out_names
 

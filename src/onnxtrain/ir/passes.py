@@ -44,17 +44,21 @@ def implicit_inputs(node: onnx.NodeProto) -> list[str]:
 
 def node_inputs(node: onnx.NodeProto) -> list[str]:
     """The node's inputs followed by its implicit inputs: a rule returns one gradient for each."""
+    if not has_subgraphs(node):  # nearly every node: called for each node by every graph walk
+        return list(node.input)
     return [*node.input, *implicit_inputs(node)]
 
 
 def prune_nodes(nodes: Sequence[onnx.NodeProto], outputs: Iterable[str]) -> list[onnx.NodeProto]:
     """Keep only the nodes some of ``outputs`` depend on (order preserved)."""
     needed = set(outputs)
+    needed.discard("")  # an omitted optional output is not a value
     kept = []
     for node in reversed(nodes):
-        if any(o in needed for o in node.output if o):
+        if not needed.isdisjoint(node.output):
             kept.append(node)
-            needed.update(x for x in node_inputs(node) if x)
+            needed.update(node_inputs(node))
+            needed.discard("")
     kept.reverse()
     return kept
 
