@@ -116,59 +116,57 @@ def generate_artifacts(
     if nominal_checkpoint:
         paths["nominal_checkpoint"] = os.path.join(out_dir, artifact_file("nominal_checkpoint", prefix))
 
-    def build(source, files: StagedFiles):
+    def write(files: StagedFiles, kind: str, proto: onnx.ModelProto, checked: bool) -> None:
+        serialized = proto.SerializeToString()
+        # Every artifact passes the full check once; a graph its passes already checked gets the structural one
+        # here, which also covers the metadata added since.
+        onnx.checker.check_model(serialized, full_check=not checked)
+        files.stage(paths[kind], serialized, wait=len(serialized) > _WRITE_AHEAD_BYTES)
+
+    def build(source, files: StagedFiles) -> None:
         train, frozen, lora_meta = (apply_lora(source, lora, requires_grad, frozen_params) if lora is not None
                                     else (requires_grad, frozen_params, None))
         plan = plan_parameters(source.model.graph, source.weights, train, frozen, trainable_ops)
-        # The checkpoint is hashed and written on the writer's thread while the graphs are built.
+        # Each file is written on the writer's threads as soon as it is final: the checkpoint while the graphs
+        # are built, the eval and optimizer models while the training graph goes through its passes.
         data = _checkpoint_data(source.weights, plan)
         files.stage(paths["checkpoint"], lambda: checkpoint_pieces(data))
         if nominal_checkpoint:
             files.stage(paths["nominal_checkpoint"], lambda: checkpoint_pieces(data.nominal_copy()))
         graphs = build_graphs(source.model, source.weights, plan, loss_block, loss_input_names,
                               additional_output_names, all_outputs)
+        if lora_meta is not None:
+            finish_lora(graphs, lora_meta)
+        write(files, "eval", graphs.eval, checked=graphs.eval_checked)
+        if opt_block is not None:
+            write(files, "optimizer", build_optimizer_model(
+                opt_block, {p: source.weights[p] for p in plan.trainable}, source.opset, graphs.training.ir_version),
+                  checked=False)
         # The backward keeps fewer forward values: with a dynamic axis it reads the shapes of values it only needs
         # the shapes of (ShapesInForward), then it recomputes cheap ones (erf GELU's intermediates, attention
         # probabilities) from values it keeps anyway; in this order, so that a value read only for its shape
         # does not count as kept (docs/memory.md, docs/lora.md).
         memory = PassManager([ShapesInForward(), RecomputeInBackward()])(graphs.training)
-        graphs.training = memory.model
-        if memory.modified:
-            graphs.checked.add("training")
-        if lora_meta is not None:
-            finish_lora(graphs, lora_meta)
-        return plan, graphs
+        training = memory.model
+        # A model imported from .tflite/.circle carries its source file: the training model keeps it, so that the
+        # trained weights can be written back from the artifacts alone (`onnxtrain export --format tflite`).
+        training.metadata_props.extend(p for p in source.model.metadata_props if p.key in (RECORD_KEY, SKELETON_KEY))
+        write(files, "training", training, checked=memory.modified)
 
     source = load_source_model(model)
     requires_grad, trainable_ops = _flatbuffer_operators(source.model, requires_grad, trainable_ops)
     with StagedFiles() as files:  # nothing replaces an existing artifact unless every one was built
         try:  # at the model's own opset, as the peer; some gradients need ops of newer opsets
-            plan, graphs = build(source, files)
+            build(source, files)
         except UnsupportedOpError as exc:
             if source.opset >= MIN_OPSET:
                 raise
             logger.warning("converting the model to opset %d: its gradient needs it (%s)", MIN_OPSET, exc)
             files.discard()
-            source = load_source_model(model, min_opset=MIN_OPSET)
-            plan, graphs = build(source, files)
-
-        # A model imported from .tflite/.circle carries its source file: the training model keeps it, so that the
-        # trained weights can be written back from the artifacts alone (`onnxtrain export --format tflite`).
-        graphs.training.metadata_props.extend(p for p in source.model.metadata_props
-                                              if p.key in (RECORD_KEY, SKELETON_KEY))
-        models = {"training": graphs.training, "eval": graphs.eval}
-        if opt_block is not None:
-            models["optimizer"] = build_optimizer_model(
-                opt_block, {p: source.weights[p] for p in plan.trainable}, source.opset, graphs.training.ir_version)
-        for kind, proto in models.items():
-            serialized = proto.SerializeToString()
-            # Every artifact passes the full check once; a graph the passes already checked only gets the
-            # structural one here, which also covers the metadata added since.
-            onnx.checker.check_model(serialized, full_check=kind not in graphs.checked)
-            files.stage(paths[kind], serialized, wait=len(serialized) > _WRITE_AHEAD_BYTES)
+            build(load_source_model(model, min_opset=MIN_OPSET), files)
         files.commit()
     if ort_format:
-        convert_to_ort([paths[k] for k in models])
+        convert_to_ort([paths[k] for k in ("training", "eval", "optimizer") if k in paths])
     return paths
 
 

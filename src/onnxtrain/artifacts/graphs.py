@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -30,7 +30,7 @@ class TrainingGraphs:
     eval: onnx.ModelProto
     user_inputs: list[str]
     label_inputs: list[str]
-    checked: set[str] = field(default_factory=set)  # "training", "eval": graphs a pass run already fully checked
+    eval_checked: bool = False  # whether the eval model's passes ran the full ONNX check on it
 
 
 
@@ -183,7 +183,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
                                    [loss_vi, *extra_outputs], initializer=_used(full.initializer, eval_nodes))
     eval_passes = PassManager([EvalMode(), DropUnreadIndices()])(_model(model, eval_graph, meta))
     return TrainingGraphs(training, eval_passes.model, [i.name for i in user_inputs], [i.name for i in labels],
-                          checked={"eval"} if eval_passes.modified else set())
+                          eval_checked=eval_passes.modified)
 
 
 def _copy_nodes(nodes) -> list[onnx.NodeProto]:

@@ -14,21 +14,24 @@ __all__ = ["atomic_write_bytes", "StagedFiles", "PROTO_LIMIT"]
 # Protobuf cannot serialize a message of 2 GB or more, and onnx's checker takes a model in memory only below it.
 PROTO_LIMIT = 1 << 31
 
+_WORKERS = 4  # generate_artifacts writes four files
+
 Data = bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview]
 
 
 class StagedFiles:
-    """Files written as one set, each as :func:`atomic_write_bytes` would, on a background thread.
+    """Files written as one set, each as :func:`atomic_write_bytes` would, on background threads.
 
     :meth:`stage` hands a file's bytes (or a function computing them) to a worker thread, which writes and
     fsyncs them to a temporary file beside the target while the caller goes on (file writes, fsync and hashing
-    release the GIL). :meth:`commit` waits for the worker, renames every file onto its target in staging order
-    and fsyncs each directory once. Leaving the ``with`` block by an exception, or :meth:`discard`, removes the
-    temporary files: every target keeps its old content.
+    release the GIL; files fsync'ed in parallel share the file system's journal commits). :meth:`commit` waits
+    for the workers, renames every file onto its target in staging order and fsyncs each directory once.
+    Leaving the ``with`` block by an exception, or :meth:`discard`, removes the temporary files: every target
+    keeps its old content.
     """
 
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="onnxtrain-write")
+        self._pool = ThreadPoolExecutor(_WORKERS, thread_name_prefix="onnxtrain-write")
         self._staged: list[Future[StagedWrite]] = []
 
     def stage(self, path: str | os.PathLike[str], data: Data | Callable[[], Data], wait: bool = False) -> None:
