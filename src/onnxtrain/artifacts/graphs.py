@@ -77,6 +77,23 @@ def _add_loss(model: onnx.ModelProto, fwd: onnx.GraphProto, infos: dict[str, Ten
     return lb, list(bctx.new_inputs), loss_name
 
 
+def _with_loss_infos(model: onnx.ModelProto, infos: dict[str, TensorInfo], full: onnx.GraphProto,
+                     lb: GraphBuilder, labels: list[onnx.ValueInfoProto]) -> dict[str, TensorInfo]:
+    """The infos of ``full`` (the unchanged forward graph, whose ``infos`` are known, and the loss nodes of ``lb``):
+    shape inference over the loss nodes alone, their forward inputs declared with the types inferred for them
+    and their constants included; the same result as over the whole graph again, for a fraction of the time. A
+    loss node reading an integer forward value (a shape, whose content inference may have propagated) gets the
+    whole graph inferred."""
+    made = {o for n in lb.nodes for o in n.output} | {i.name for i in lb.initializers} | {i.name for i in labels}
+    read = list(dict.fromkeys(x for n in lb.nodes for x in node_inputs(n) if x and x not in made))
+    constants = {i.name: i for i in full.initializer if i.name in read}
+    if any(x not in constants and (x not in infos or not infos[x].is_float) for x in read):
+        return infer_tensor_info(_model(model, full, {}))
+    graph = helper.make_graph(lb.nodes, "loss", [*(value_info(x, infos[x]) for x in read if x not in constants),
+                                                 *labels], [], initializer=[*constants.values(), *lb.initializers])
+    return {**infer_tensor_info(_model(model, graph, {})), **infos}
+
+
 def _rename_value(nodes: list[onnx.NodeProto], old: str, new: str) -> bool:
     """Rename a value that one of ``nodes`` produces, in all of them; False (nothing done) if none does."""
     if not any(old in n.output for n in nodes):
@@ -149,9 +166,11 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     full.node.extend(lb.nodes)
     full.input.extend(labels)
     full.initializer.extend(lb.initializers)
-    full = PoolBeforeRelu(keep={*output_names, *loss_inputs, *extras})(_model(model, full, {})).model.graph
+    pooled = PoolBeforeRelu(keep={*output_names, *loss_inputs, *extras})(_model(model, full, {}))
+    full = pooled.model.graph
     forward_nodes = _copy_nodes(full.node)  # the gradient rules add outputs to them
-    infos = infer_tensor_info(_model(model, full, {}))
+    infos = (infer_tensor_info(_model(model, full, {})) if pooled.modified
+             else _with_loss_infos(model, infos, full, lb, labels))
 
     full_names = used_names(full)
     gb = GraphBuilder(default_opset(model), taken=full_names, prefix="grad/")

@@ -36,10 +36,13 @@ class GradContext:
         self.op = builder.op
         self.infos = infos
         self.constants = constants
-        self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        self._attrs: dict[str, Any] | None = None  # decoded on the first attr(): most rules read none
+
 
     # -- attributes and shapes -------------------------------------------------------------------------
     def attr(self, name: str, default: Any = None) -> Any:
+        if self._attrs is None:
+            self._attrs = {a.name: helper.get_attribute_value(a) for a in self.node.attribute}
         value = self._attrs.get(name, default)
         return value.decode() if isinstance(value, bytes) else value
 

@@ -19,6 +19,9 @@ _AXES_AS_INPUT_SINCE = {
 }
 
 
+_NODE_FIELDS = frozenset({"domain", "doc_string", "overload"})
+
+
 def _attribute(key: str, value: Any) -> onnx.AttributeProto:
     """``helper.make_attribute(key, value)``: the same proto, built directly for the common types (the helper's
     abstract-class checks cost more than the node itself when a graph is built)."""
@@ -95,6 +98,10 @@ class GraphBuilder:
         while names and not names[-1]:   # trailing optional inputs are left out (older opsets have fewer slots)
             names.pop()
         n = onnx.NodeProto(op_type=op_type, input=names, output=out_names, name=self.unique(name or op_type))
+        for field in _NODE_FIELDS.intersection(attrs):  # helper.make_node's keywords (a node of another domain)
+            value = attrs.pop(field)
+            if value or field != "doc_string":  # as make_node: an empty doc_string is not set
+                setattr(n, field, value)
         n.attribute.extend(_attribute(key, value) for key, value in sorted(attrs.items()))
         self.nodes.append(n)
         return out_names[0] if isinstance(outputs, int) and outputs == 1 else out_names
