@@ -27,7 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import ancestors, clone, fresh_name, has_subgraphs, implicit_inputs, used_names
+from onnxtrain.ir.passes import ancestors, clone, fresh_name, has_subgraphs, implicit_inputs
 
 __all__ = ["ShapesInForward"]
 
@@ -41,26 +41,33 @@ class ShapesInForward(Pass):
         self.loss = loss  # None: the graph's first output
 
     def call(self, model: onnx.ModelProto) -> PassResult:
-        nodes = list(model.graph.node)
-        producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
-        forward = ancestors(nodes, [self.loss or model.graph.output[0].name], producer)
-        producer = {o: k for o, k in producer.items() if k in forward}
+        graph = model.graph
+        nodes = list(graph.node)
+        made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+        forward = ancestors(nodes, [self.loss or graph.output[0].name], made)
+        producer = {o: k for o, k in made.items() if k in forward}
         captured = {x for n in nodes if has_subgraphs(n) for x in implicit_inputs(n)}
         backward_readers: dict[str, list[int]] = {}
-        forward_readers: dict[str, list[int]] = {}
         for k, node in enumerate(nodes):
-            readers = forward_readers if k in forward else backward_readers
-            for x in node.input:
-                if x in producer:
-                    readers.setdefault(x, []).append(k)
-        targets = [x for x, readers in backward_readers.items()
-                   if x in forward_readers and x not in captured
-                   and all(_shape_op(nodes[k]) for k in readers)]
+            if k not in forward:
+                for x in node.input:
+                    if x in producer:
+                        backward_readers.setdefault(x, []).append(k)
+        candidates = {x for x, readers in backward_readers.items()
+                      if x not in captured and all(_shape_op(nodes[k]) for k in readers)}
+        forward_readers: dict[str, list[int]] = {}
+        for k in sorted(forward) if candidates else ():
+            for x in candidates.intersection(nodes[k].input):
+                forward_readers.setdefault(x, []).append(k)
+        targets = [x for x in backward_readers if x in forward_readers]
         if not targets:
             return PassResult(model, False)
 
         out = clone(model)
-        taken = used_names(out.graph)
+        # every name in the graph: a node input is a node's output, a graph input or an initializer
+        taken = {*made, *(n.name for n in nodes), *(v.name for v in graph.input), *(v.name for v in graph.output),
+                 *(v.name for v in graph.value_info), *(i.name for i in graph.initializer)}
+        taken.discard("")
 
         def unique(name: str) -> str:
             return fresh_name(name, taken)
