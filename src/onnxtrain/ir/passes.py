@@ -95,15 +95,16 @@ def ancestors(nodes: Sequence[onnx.NodeProto], values: Iterable[str],
               producer: Mapping[str, int] | None = None) -> set[int]:
     """Indices of the nodes ``values`` are computed from, their producers included (through every input a node
     reads, its subgraphs' too). ``producer`` (value -> index of its node) can be given when it is at hand."""
+    nodes = nodes if isinstance(nodes, list) else list(nodes)  # indexing a protobuf container costs more
     if producer is None:
         producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
     seen: set[int] = set()
     stack = list(values)
     while stack:
-        k = producer.get(stack.pop())
+        k = producer.get(stack.pop())  # None for a graph input, an initializer or "" (an omitted input)
         if k is not None and k not in seen:
             seen.add(k)
-            stack.extend(x for x in node_inputs(nodes[k]) if x)
+            stack.extend(node_inputs(nodes[k]))
     return seen
 
 
