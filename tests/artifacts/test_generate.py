@@ -412,3 +412,35 @@ def test_eval_dropout_keeps_its_training_mode_slot_empty(tmp_path):
     generate_artifacts(models.conv_bn(dropout=True), loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path)
     (dropout,) = [n for n in onnx.load(tmp_path / "eval_model.onnx").graph.node if n.op_type == "Dropout"]
     assert len(dropout.input) == 3 and dropout.input[2] == "" and len(dropout.output) == 1
+
+
+def test_each_artifact_gets_one_full_onnx_check(tmp_path, monkeypatch):
+    """The full check (shape inference over the whole graph) is a large part of generating a big model: the
+    training and eval graphs' passes share it with the final check, and every artifact gets it."""
+    full = []
+    real = onnx.checker.check_model
+
+    def check_model(model, full_check=False, **kwargs):
+        if full_check:
+            proto = model if isinstance(model, onnx.ModelProto) else onnx.load_from_string(model)
+            full.append(proto.graph.name)
+        return real(model, full_check=full_check, **kwargs)
+
+    monkeypatch.setattr(onnx.checker, "check_model", check_model)
+    generate_artifacts(models.conv_bn(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path)
+    assert full.count("training") == 1 and full.count("eval") == 1 and "optimizer" in full
+
+
+def test_a_failed_generation_leaves_the_earlier_artifacts_untouched(tmp_path, monkeypatch):
+    generate_artifacts(models.mlp(), loss=LossType.MSELoss, optimizer=OptimType.AdamW, artifact_directory=tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("optimizer graph failed")
+
+    monkeypatch.setattr("onnxtrain.artifacts.generate.build_optimizer_model", broken)
+    with pytest.raises(RuntimeError, match="optimizer graph failed"):
+        generate_artifacts(models.conv_bn(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                           artifact_directory=tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
