@@ -210,6 +210,15 @@ def test_model_with_external_data_from_a_path(tmp_path, rng):
     np.testing.assert_array_equal(data.trainable["fc1.weight"], expected)
 
 
+
+def test_model_proto_without_its_external_data_names_the_file(tmp_path, monkeypatch):
+    onnx.save_model(models.mlp(features=64, hidden=64), tmp_path / "model.onnx", save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    proto = onnx.load(tmp_path / "model.onnx", load_external_data=False)
+    monkeypatch.chdir(tmp_path / "..")  # the relative location resolves elsewhere
+    with pytest.raises(ValueError, match="external file \\('weights.bin'\\).*pass the model's path"):
+        generate_artifacts(proto, loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path / "out")
+
 def test_optimizer_graph_with_gradient_clipping(tmp_path):
     generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=blocks.SGD(max_norm=0.5),
                        artifact_directory=tmp_path)

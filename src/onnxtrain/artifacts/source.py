@@ -60,6 +60,12 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
         try:
             weights[init.name] = numpy_helper.to_array(init, base_dir=base_dir or "")
         except Exception as exc:
+            if init.external_data and base_dir is None:
+                where = next((e.value for e in init.external_data if e.key == "location"), "?")
+                raise ValueError(f"cannot read initializer {init.name!r}: the model was given as a ModelProto whose "
+                                 f"weights are in an external file ({where!r}), which is read relative to the "
+                                 f"current directory and was not found there ({exc}); pass the model's path "
+                                 f"instead, or onnx.load it with its external data") from None
             raise ValueError(f"cannot read initializer {init.name!r}: {exc}") from None
     del original
     proto = _split_sequences(proto, weights)
