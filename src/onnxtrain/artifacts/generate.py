@@ -12,7 +12,7 @@ from onnxtrain.artifacts.graphs import build_graphs
 from onnxtrain.artifacts.lora import apply_lora, finish_lora
 from onnxtrain.artifacts.optimizer import build_optimizer_model
 from onnxtrain.artifacts.params import plan_parameters
-from onnxtrain.artifacts.passes import GeluDerivativeInForward, RecomputeInBackward, ShapesInForward
+from onnxtrain.artifacts.passes import RecomputeInBackward, ShapesInForward
 from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
 from onnxtrain.blocks import ops, optim
 from onnxtrain.blocks.base import Block
@@ -111,7 +111,6 @@ def generate_artifacts(
         # the shapes of (ShapesInForward), then it recomputes cheap ones (erf GELU's intermediates, attention
         # probabilities) from values it keeps anyway; in this order, so that a value read only for its shape
         # does not count as kept (docs/memory.md, docs/lora.md).
-        graphs.training = GeluDerivativeInForward()(graphs.training).model
         graphs.training = ShapesInForward()(graphs.training).model
         graphs.training = RecomputeInBackward()(graphs.training).model
         if lora_meta is not None:
