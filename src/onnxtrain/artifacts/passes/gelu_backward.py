@@ -5,7 +5,7 @@ torch exports the erf GELU as ``u = x / sqrt(2)``, ``e = erf(u)``, ``f = e + 1``
 The autodiff's gradient of ``x`` is ``dg * f + (dg * x) * erf'(u) / sqrt(2)``: about ten full-size passes (with
 RecomputeInBackward's copies of ``u``, ``e`` and ``f``), four of whose temporaries are alive together with the
 incoming gradient at the start of the last layer's backward, a BERT step's memory peak (docs/lora.md). Here the
-backward computes ``D = dg/dx = 1 + erf(a) + a (2 / sqrt(pi)) e^(-a^2)``, ``a = x / sqrt(2)``, in 7 passes with
+backward computes ``D = dg/dx = 1 + erf(a) + a (2 / sqrt(pi)) e^(-a^2)``, ``a = x / sqrt(2)``, in 8 passes with
 at most three temporaries, then ``dx = dg * D``.
 
 onnxruntime orders the nodes itself, and would compute ``D`` (which reads forward values only) right after the
@@ -220,4 +220,5 @@ def _derivative(graph: onnx.GraphProto, x: str, dtype: np.dtype, taken: set[str]
     # exponent spares a pass
     a = op("Mul", x, const("rsqrt2", 1 / math.sqrt(2)))
     gauss = op("Exp", op("Sub", const("log_2_over_sqrt_pi", math.log(2 / math.sqrt(math.pi))), op("Mul", a, a)))
-    return op("Sum", op("Erf", a), op("Mul", a, gauss), const("one", 1.0))
+    # two Adds, not one Sum of three: onnxruntime's Sum of more than two inputs allocates a full-size temporary
+    return op("Add", op("Add", op("Erf", a), const("one", 1.0)), op("Mul", a, gauss))
