@@ -18,8 +18,8 @@ onnxruntime still fuses the forward's five nodes into one Gelu kernel.
 Cases handled: a forward chain ``u = Div(x, sqrt 2)`` (or ``Mul(x, 1 / sqrt 2)``), ``e = Erf(u)``,
 ``f = Add(e, 1)`` and ``g = Mul(x, f)`` (either operand order, constants within 1e-6) in which ``x`` has no other
 reader in the forward and ``u``, ``e``, ``f`` none outside the chain, none of them a graph output, and whose
-backward sums the gradient of ``x`` in one ``Add`` of ``Mul(dg, f)`` and a term computed from ``dg`` and the
-chain's values only (as the autodiff builds it). Anything else, a GELU of another form included, is left alone.
+backward computes ``dg`` and sums the gradient of ``x`` in one ``Add`` of ``Mul(dg, f)`` and a term computed
+from ``dg`` and the chain's values only (as the autodiff builds it). Anything else, a GELU of another form included, is left alone.
 Without a product ``dY = MatMul(b, ...)`` before ``dg``, ``D`` waits for ``dg`` instead.
 """
 
@@ -121,8 +121,8 @@ def _match(nodes, erf_index: int, forward: set[int], constants: dict[str, np.nda
         return None
     dx1 = nodes[f_readers[0]]
     dg = dx1.input[1] if dx1.input[0] == f else dx1.input[0]
-    if dg in (x, u, e, f) or len(readers.get(dx1.output[0], [])) != 1:
-        return None
+    if dg in (x, u, e, f) or dg not in producer or producer[dg] in forward or len(readers.get(dx1.output[0], [])) != 1:
+        return None  # dg must be computed by the backward: the views order the derivative after its producer
     add_index = readers[dx1.output[0]][0]
     add = nodes[add_index]
     if add.op_type != "Add" or len(add.input) != 2 or add_index in forward:
