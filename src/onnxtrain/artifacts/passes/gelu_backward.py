@@ -19,8 +19,8 @@ Cases handled: a forward chain ``u = Div(x, sqrt 2)`` (or ``Mul(x, 1 / sqrt 2)``
 ``f = Add(e, 1)`` and ``g = Mul(x, f)`` (either operand order, constants within 1e-6) in which ``x`` has no other
 reader in the forward and ``u``, ``e``, ``f`` none outside the chain, none of them a graph output, and whose
 backward computes ``dg`` and sums the gradient of ``x`` in one ``Add`` of ``Mul(dg, f)`` and a term computed
-from ``dg`` and the chain's values only (as the autodiff builds it). Anything else, a GELU of another form included, is left alone.
-Without a product ``dY = MatMul(b, ...)`` before ``dg``, ``D`` waits for ``dg`` instead.
+from ``dg`` and the chain's values only (as the autodiff builds it). Anything else, a GELU of another form
+included, is left alone. Without a product ``dY = MatMul(b, ...)`` before ``dg``, ``D`` waits for ``dg`` instead.
 """
 
 from __future__ import annotations
