@@ -12,7 +12,7 @@ from onnxtrain.artifacts.graphs import build_graphs
 from onnxtrain.artifacts.lora import apply_lora, finish_lora
 from onnxtrain.artifacts.optimizer import build_optimizer_model
 from onnxtrain.artifacts.params import plan_parameters
-from onnxtrain.artifacts.passes import RecomputeInBackward, ShapesInForward
+from onnxtrain.artifacts.passes import GeluBackward, RecomputeInBackward, ShapesInForward
 from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
 from onnxtrain.blocks import ops, optim
 from onnxtrain.blocks.base import Block
@@ -107,10 +107,12 @@ def generate_artifacts(
         plan = plan_parameters(source.model.graph, source.weights, train, frozen, trainable_ops)
         graphs = build_graphs(source.model, source.weights, plan, loss_block, loss_input_names,
                               additional_output_names, all_outputs)
-        # The backward keeps fewer forward values: with a dynamic axis it reads the shapes of values it only needs
-        # the shapes of (ShapesInForward), then it recomputes cheap ones (erf GELU's intermediates, attention
-        # probabilities) from values it keeps anyway; in this order, so that a value read only for its shape
-        # does not count as kept (docs/memory.md, docs/lora.md).
+        # The backward keeps fewer forward values: the erf GELU's backward multiplies by its derivative, computed
+        # from its input (GeluBackward); with a dynamic axis it reads the shapes of values it only needs the
+        # shapes of (ShapesInForward), then it recomputes cheap ones (attention probabilities) from values it
+        # keeps anyway; in this order, so that a value read only for its shape does not count as kept
+        # (docs/memory.md, docs/lora.md).
+        graphs.training = GeluBackward()(graphs.training).model
         graphs.training = ShapesInForward()(graphs.training).model
         graphs.training = RecomputeInBackward()(graphs.training).model
         if lora_meta is not None:
