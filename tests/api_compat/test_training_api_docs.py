@@ -5,14 +5,17 @@ property bag, learning-rate scheduler and nominal checkpoint.
 Sources: https://onnxruntime.ai/docs/api/python/on_device_training/training_artifacts.html and
 https://onnxruntime.ai/docs/api/python/on_device_training/training_api.html (the sample usage, the CheckpointState,
 Module, Optimizer and LinearLRScheduler reference), and generate_artifacts' docstring on ``nominal_checkpoint``
-(https://github.com/microsoft/onnxruntime/blob/main/orttraining/orttraining/python/training/artifacts.py).
+(https://github.com/microsoft/onnxruntime/blob/main/orttraining/orttraining/python/training/artifacts.py), and
+onnxblock's ``load_checkpoint_to_model`` ("Loads the checkpoint to an onnx inference model").
 Adapted: the imports; the placeholders (paths, ``module(...)``) filled in with a small torch MLP on sklearn's digits.
 """
 
 import numpy as np
 import onnx
 import pytest
+from onnxruntime import InferenceSession
 
+import onnxtrain.onnxblock as onnxblock  # was: import onnxruntime.training.onnxblock as onnxblock
 from onnxtrain import artifacts  # was: from onnxruntime.training import artifacts
 from onnxtrain.api import CheckpointState, LinearLRScheduler, Module, Optimizer  # was: onnxruntime.training.api
 from tests.api_compat._data import batches, digits
@@ -62,6 +65,14 @@ def test_sample_usage_train_eval_save_resume(artifact_dir, tmp_path):
     state.properties["best_loss"] = eval_loss
     state.properties["run"] = "docs"
     CheckpointState.save_checkpoint(state, str(tmp_path / "ckpt"), include_optimizer_state=True)
+
+    # onnxblock.load_checkpoint_to_model: the trained weights into the forward model, as the export writes them.
+    forward = onnx.load(str(artifact_dir / "forward.onnx"))
+    onnxblock.load_checkpoint_to_model(str(tmp_path / "ckpt"), forward)
+    module.export_model_for_inferencing(str(tmp_path / "exported.onnx"), ["output"])
+    runs = [InferenceSession(m, providers=["CPUExecutionProvider"]).run(["output"], {"input": x})[0]
+            for m in (forward.SerializeToString(), str(tmp_path / "exported.onnx"))]
+    np.testing.assert_allclose(runs[0], runs[1], rtol=1e-6, atol=1e-6)
 
     resumed = CheckpointState.load_checkpoint(str(tmp_path / "ckpt"))
     assert resumed.properties["epoch"] == 1 and resumed.properties["run"] == "docs"
