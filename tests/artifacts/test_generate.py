@@ -238,7 +238,6 @@ def test_optimizer_graph_with_gradient_clipping(tmp_path):
 
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(requires_grad=["nope"]), ValueError, r"requires_grad: 'nope' is not an initializer"),
-    (dict(frozen_params=["fc9.*"]), ValueError, r"frozen_params: 'fc9.\*' is not an initializer"),
     (dict(requires_grad=["fc1.weight"], frozen_params=["fc1.weight"]), ValueError,
      r"'fc1.weight' is listed both in requires_grad and in frozen_params"),
     (dict(loss_input_names=["logits"]), ValueError, r"'logits' is not a value of the model"),
@@ -252,6 +251,15 @@ def test_bad_arguments_name_the_culprit(kwargs, error, message, tmp_path):
     args.update(kwargs)
     with pytest.raises(error, match=message):
         generate_artifacts(models.mlp(), **args)
+
+
+def test_frozen_names_that_are_not_initializers_are_skipped_with_a_warning(tmp_path):
+    # Users list torch's named_buffers() there, which exporters make constants; the peer ignores them too.
+    with pytest.warns(UserWarning, match=r"frozen_params: 2 names are not initializers.*'fc9.\*', 'pos_ids'"):
+        paths = generate_artifacts(models.mlp(), frozen_params=["fc9.*", "pos_ids", "fc1.bias"],
+                                   loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path)
+    state = CheckpointState.load_checkpoint(paths["checkpoint"])
+    assert not state.parameters["fc1.bias"].requires_grad
 
 
 def test_not_an_onnx_model(tmp_path):

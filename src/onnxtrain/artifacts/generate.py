@@ -48,6 +48,8 @@ def _resolve_optimizer(optimizer) -> optim.Optimizer | None:
         return optimizer.block_class()
     if isinstance(optimizer, optim.Optimizer):
         return optimizer
+    if isinstance(getattr(optimizer, "flat_rule", None), optim.Optimizer):  # onnxblock.optim.AdamW(...), as the peer
+        return optimizer.flat_rule
     raise TypeError(f"optimizer must be an OptimType or an onnxtrain.blocks.Optimizer, got "
                     f"{type(optimizer).__name__}")
 
