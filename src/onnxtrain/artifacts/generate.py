@@ -12,7 +12,7 @@ from onnxtrain.artifacts.graphs import build_graphs
 from onnxtrain.artifacts.lora import apply_lora, finish_lora
 from onnxtrain.artifacts.optimizer import build_optimizer_model
 from onnxtrain.artifacts.params import plan_parameters
-from onnxtrain.artifacts.passes import RecomputeInBackward, ShapesInForward
+from onnxtrain.artifacts.passes import GeluBackward, RecomputeInBackward, ShapesInForward
 from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
 from onnxtrain.blocks import ops, optim
 from onnxtrain.blocks.base import Block
@@ -54,6 +54,8 @@ def _resolve_optimizer(optimizer) -> optim.Optimizer | None:
         return optimizer.block_class()
     if isinstance(optimizer, optim.Optimizer):
         return optimizer
+    if isinstance(getattr(optimizer, "flat_rule", None), optim.Optimizer):  # onnxblock.optim.AdamW(...), as the peer
+        return optimizer.flat_rule
     raise TypeError(f"optimizer must be an OptimType or an onnxtrain.blocks.Optimizer, got "
                     f"{type(optimizer).__name__}")
 
@@ -142,11 +144,12 @@ def generate_artifacts(
             write(files, "optimizer", build_optimizer_model(
                 opt_block, {p: source.weights[p] for p in plan.trainable}, source.opset, graphs.training.ir_version),
                   checked=False)
-        # The backward keeps fewer forward values: with a dynamic axis it reads the shapes of values it only needs
-        # the shapes of (ShapesInForward), then it recomputes cheap ones (erf GELU's intermediates, attention
-        # probabilities) from values it keeps anyway; in this order, so that a value read only for its shape
-        # does not count as kept (docs/memory.md, docs/lora.md).
-        memory = PassManager([ShapesInForward(), RecomputeInBackward()])(graphs.training)
+        # The backward keeps fewer forward values: the erf GELU's backward multiplies by its derivative, computed
+        # from its input (GeluBackward); with a dynamic axis it reads the shapes of values it only needs the
+        # shapes of (ShapesInForward), then it recomputes cheap ones (attention probabilities) from values it
+        # keeps anyway; in this order, so that a value read only for its shape does not count as kept
+        # (docs/memory.md, docs/lora.md).
+        memory = PassManager([GeluBackward(), ShapesInForward(), RecomputeInBackward()])(graphs.training)
         training = memory.model
         # A model imported from .tflite/.circle carries its source file: the training model keeps it, so that the
         # trained weights can be written back from the artifacts alone (`onnxtrain export --format tflite`).
