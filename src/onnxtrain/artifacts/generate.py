@@ -12,7 +12,7 @@ from onnxtrain.artifacts.graphs import build_graphs
 from onnxtrain.artifacts.lora import apply_lora, finish_lora
 from onnxtrain.artifacts.optimizer import build_optimizer_model
 from onnxtrain.artifacts.params import plan_parameters
-from onnxtrain.artifacts.passes import RecomputeInBackward, ShapesInForward
+from onnxtrain.artifacts.passes import BackwardOrder, RecomputeInBackward, ShapesInForward
 from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
 from onnxtrain.blocks import ops, optim
 from onnxtrain.blocks.base import Block
@@ -113,6 +113,9 @@ def generate_artifacts(
         # does not count as kept (docs/memory.md, docs/lora.md).
         graphs.training = ShapesInForward()(graphs.training).model
         graphs.training = RecomputeInBackward()(graphs.training).model
+        # onnxruntime orders the nodes itself: gradient nodes wait for the backward, weight gradients are
+        # computed layer by layer (BackwardOrder; docs/memory.md).
+        graphs.training = BackwardOrder()(graphs.training).model
         if lora_meta is not None:
             finish_lora(graphs, lora_meta)
         return plan, graphs

@@ -30,7 +30,13 @@ Cases handled:
    reads. Its early descendants follow it by data dependency.
 2. Side values computed before a main node in graph order (the frontier of the side branches emitted so far):
    the main node waits for them, so each layer's weight gradient is computed before the backward moves on.
-3. Left alone: early roots that shrink their input (a reduction, a ``Shape``: delaying them would keep the larger
+3. The nodes that write the parameters' gradients (the values the gradient outputs select after a reset,
+   ``TrainingMeta.accumulation``) go last, in the reverse of the order the rules made them. After a reset the
+   runtime writes each gradient output from its producer (``SpecializeReset``), so these nodes are the graph's
+   last nodes, and onnxruntime's walk starts at the one it meets last: the gradient the backward computes first.
+   Case 2 never waits for such a value itself (reading it would make the runtime copy it to its output); a
+   Reshape writing it is looked through to the product it shows.
+4. Left alone: early roots that shrink their input (a reduction, a ``Shape``: delaying them would keep the larger
    input alive longer), roots with subgraphs, roots no chain node reads, and graphs whose backward reads no
    forward value.
 
@@ -46,6 +52,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.artifacts.passes.recompute import forward_nodes
+from onnxtrain.conventions import TrainingMeta
+from onnxtrain.errors import ArtifactError
 from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import clone, constant_values, fresh_name, has_subgraphs, node_inputs, used_names
 
@@ -56,6 +64,7 @@ SAME_OR_LARGER = frozenset({
     "CastLike", "Add", "Sub", "Mul", "Div", "Pow", "Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual",
     "And", "Or", "Xor", "Where", "Clip", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose",
     "Expand", "Tile", "Pad", "Concat", "OneHot", "Conv", "ConvTranspose"})
+VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 SUFFIX = "/waits"
 
 
@@ -94,6 +103,8 @@ class BackwardOrder(Pass):
                     waits.setdefault(k, []).append(max(late, key=lambda x: producer[x]))
 
         main = _main_nodes(nodes, chain, {o.name for o in graph.output})
+        side = chain - main
+        fresh = _fresh_gradients(model)
         frontier: dict[str, None] = {}  # case 2: side values not read yet by a later side node
         for k in sorted(chain):
             if k in main:
@@ -103,15 +114,21 @@ class BackwardOrder(Pass):
                 continue
             for x in nodes[k].input:
                 frontier.pop(x, None)
-            frontier.update(dict.fromkeys(o for o in nodes[k].output if o))
+            computed = (_computed(nodes, producer, side, o) for o in nodes[k].output if o)
+            frontier.update(dict.fromkeys(x for x in computed if x not in fresh))
         waits = {k: v for k, v in waits.items() if any(x and x not in constants for x in nodes[k].input)}
-        if not waits:
+        # case 3: the nodes that write the gradients last, in the reverse of the order the rules made them
+        writers = sorted({producer[g] for g in fresh if producer.get(g) in side})
+        last = {k: 2 * len(nodes) - k for k in writers}
+        if not waits and not writers:
             return PassResult(model, False)
-        return PassResult(_with_waits(model, waits, constants), True)
+        return PassResult(_with_waits(model, waits, constants, last), True)
 
 
-def _with_waits(model: onnx.ModelProto, waits: dict[int, list[str]], constants) -> onnx.ModelProto:
-    """A copy of ``model`` in which node k cannot run before the values ``waits[k]`` exist."""
+def _with_waits(model: onnx.ModelProto, waits: dict[int, list[str]], constants,
+                keys: dict[int, int]) -> onnx.ModelProto:
+    """A copy of ``model`` in which node k cannot run before the values ``waits[k]`` exist, in a topological order
+    that keeps the original one (or ``keys[k]`` instead of node k's position) wherever it can."""
     out = clone(model)
     taken = used_names(out.graph)
     zero = fresh_name("backward_order/zero", taken)
@@ -135,21 +152,39 @@ def _with_waits(model: onnx.ModelProto, waits: dict[int, list[str]], constants) 
         if node.op_type == "Reshape":
             total = x
         else:
-            total = fresh_name(f"{name}{SUFFIX}/shape", taken)
+            total = fresh_name(f"{name}{SUFFIX}_shape", taken)
             added.append((k, helper.make_node("Shape", [x], [total], name=total)))
         for value in values:
-            after = fresh_name(f"{name}{SUFFIX}/after", taken)
+            after = fresh_name(f"{name}{SUFFIX}_after", taken)
             added.append((k, helper.make_node("Add", [total, zero_after(k, value)], [after], name=after)))
             total = after
         if node.op_type != "Reshape":
-            view = fresh_name(f"{name}{SUFFIX}/view", taken)
+            view = fresh_name(f"{name}{SUFFIX}", taken)
             added.append((k, helper.make_node("Reshape", [x, total], [view], name=view)))
             total = view
         node.input[j] = total
-    ordered = _stable_topological(list(enumerate(out.graph.node)) + added, out.graph)
+    ordered = _stable_topological([(keys.get(k, k), n) for k, n in enumerate(out.graph.node)] + added)
     del out.graph.node[:]
     out.graph.node.extend(ordered)
     return out
+
+
+def _fresh_gradients(model: onnx.ModelProto) -> set[str]:
+    """The gradients the training graph's outputs select after a reset (empty without the training metadata)."""
+    try:
+        meta = TrainingMeta.from_model(model)
+    except ArtifactError:
+        return set()
+    return {fresh for fresh, _ in meta.accumulation.values()}
+
+
+def _computed(nodes: list[onnx.NodeProto], producer: dict[str, int], side: set[int], value: str) -> str:
+    """The value a view (a Reshape...) of ``value`` shows, if a side node made it: waiting for that one does not
+    read the gradient itself, which the runtime then writes straight into its output (SpecializeReset)."""
+    node = nodes[producer[value]]
+    while node.op_type in VIEWS and node.input and producer.get(node.input[0]) in side:
+        value, node = node.input[0], nodes[producer[node.input[0]]]
+    return value
 
 
 def _downstream(nodes: list[onnx.NodeProto], start: int, forward: set[int]) -> set[int]:
@@ -193,7 +228,7 @@ def _first_chain_reader(nodes: list[onnx.NodeProto], root: int, early: set[int],
     return None
 
 
-def _stable_topological(items: list[tuple[int, onnx.NodeProto]], graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+def _stable_topological(items: list[tuple[int, onnx.NodeProto]]) -> list[onnx.NodeProto]:
     """The nodes in a topological order that takes them by their keys (original positions) whenever it can."""
     producers = {o for _, n in items for o in n.output if o}
     missing = [{x for x in node_inputs(n) if x in producers} for _, n in items]
