@@ -37,7 +37,8 @@ Cases handled:
    Case 2 never waits for such a value itself (reading it would make the runtime copy it to its output); a
    Reshape writing it is looked through to the product it shows.
 4. Left alone: early roots that shrink their input (a reduction, a ``Shape``: delaying them would keep the larger
-   input alive longer), roots with subgraphs, roots no chain node reads, and graphs whose backward reads no
+   input alive longer), a Transpose that only MatMul / Gemm nodes read (onnxruntime folds it into them, but not
+   once it reads a view), roots with subgraphs, roots no chain node reads, and graphs whose backward reads no
    forward value.
 
 The nodes are then put back in a topological order that keeps the original order wherever it can.
@@ -89,12 +90,17 @@ class BackwardOrder(Pass):
         early = {k for k in range(len(nodes)) if k not in forward and k not in chain}
         constants = constant_values(graph) | {i.name: None for i in graph.initializer}
         waits: dict[int, list[str]] = {}   # node -> the values it waits for
+        readers: dict[str, list[int]] = {}
+        for k, n in enumerate(nodes):
+            for x in node_inputs(n):
+                readers.setdefault(x, []).append(k)
 
         for k in sorted(early):  # case 1
             node = nodes[k]
             if (node.domain not in ("", "ai.onnx") or node.op_type not in SAME_OR_LARGER or has_subgraphs(node)
                     or any(producer.get(x) in early for x in node.input)
-                    or not any(x and x not in constants for x in node.input)):
+                    or not any(x and x not in constants for x in node.input)
+                    or _folded_into_matmul(nodes, k, readers)):
                 continue
             reader = _first_chain_reader(nodes, k, early, chain)
             if reader is not None:
@@ -167,6 +173,14 @@ def _with_waits(model: onnx.ModelProto, waits: dict[int, list[str]], constants,
     del out.graph.node[:]
     out.graph.node.extend(ordered)
     return out
+
+
+def _folded_into_matmul(nodes: list[onnx.NodeProto], k: int, readers: dict[str, list[int]]) -> bool:
+    """Whether node k is a Transpose that only MatMul or Gemm nodes read: onnxruntime folds it into them (no
+    tensor is made), unless the Transpose reads a view."""
+    node = nodes[k]
+    return node.op_type == "Transpose" and all(nodes[r].op_type in ("MatMul", "Gemm")
+                                               for r in readers.get(node.output[0], []))
 
 
 def _fresh_gradients(model: onnx.ModelProto) -> set[str]:
