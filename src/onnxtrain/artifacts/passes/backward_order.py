@@ -81,18 +81,19 @@ class BackwardOrder(Pass):
         nodes = list(graph.node)
         forward = forward_nodes(nodes, self.loss or graph.output[0].name)
         producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
-        read_by_backward = [producer[x] for k, n in enumerate(nodes) if k not in forward
-                            for x in node_inputs(n) if producer.get(x) in forward]
+        reads = [node_inputs(n) for n in nodes]
+        read_by_backward = [producer[x] for k in range(len(nodes)) if k not in forward
+                            for x in reads[k] if producer.get(x) in forward]
         if not read_by_backward:
             return PassResult(model, False)
         start = max(read_by_backward)
-        chain = _downstream(nodes, start, forward)
+        chain = _downstream(nodes, reads, start, forward)
         early = {k for k in range(len(nodes)) if k not in forward and k not in chain}
         constants = constant_values(graph) | {i.name: None for i in graph.initializer}
         waits: dict[int, list[str]] = {}   # node -> the values it waits for
         readers: dict[str, list[int]] = {}
-        for k, n in enumerate(nodes):
-            for x in node_inputs(n):
+        for k, xs in enumerate(reads):
+            for x in xs:
                 readers.setdefault(x, []).append(k)
 
         for k in sorted(early):  # case 1
@@ -102,13 +103,13 @@ class BackwardOrder(Pass):
                     or not any(x and x not in constants for x in node.input)
                     or _folded_into_matmul(nodes, k, readers)):
                 continue
-            reader = _first_chain_reader(nodes, k, early, chain)
+            reader = _first_chain_reader(nodes, readers, k, early, chain)
             if reader is not None:
-                late = [x for x in node_inputs(nodes[reader]) if producer.get(x) in chain or producer.get(x) == start]
+                late = [x for x in reads[reader] if producer.get(x) in chain or producer.get(x) == start]
                 if late:
                     waits.setdefault(k, []).append(max(late, key=lambda x: producer[x]))
 
-        main = _main_nodes(nodes, chain, {o.name for o in graph.output})
+        main = _main_nodes(nodes, reads, chain, {o.name for o in graph.output})
         side = chain - main
         fresh = _fresh_gradients(model)
         frontier: dict[str, None] = {}  # case 2: side values not read yet by a later side node
@@ -201,18 +202,18 @@ def _computed(nodes: list[onnx.NodeProto], producer: dict[str, int], side: set[i
     return value
 
 
-def _downstream(nodes: list[onnx.NodeProto], start: int, forward: set[int]) -> set[int]:
+def _downstream(nodes: list[onnx.NodeProto], reads: list[list[str]], start: int, forward: set[int]) -> set[int]:
     """The non-forward nodes that read an output of node ``start``, directly or through other such nodes."""
     values = {o for o in nodes[start].output if o}
     found: set[int] = set()
     for k in range(start + 1, len(nodes)):
-        if k not in forward and values.intersection(node_inputs(nodes[k])):
+        if k not in forward and values.intersection(reads[k]):
             found.add(k)
             values.update(o for o in nodes[k].output if o)
     return found
 
 
-def _main_nodes(nodes: list[onnx.NodeProto], chain: set[int], outputs: set[str]) -> set[int]:
+def _main_nodes(nodes: list[onnx.NodeProto], reads: list[list[str]], chain: set[int], outputs: set[str]) -> set[int]:
     """The chain nodes that two or more graph outputs depend on."""
     reaches: dict[str, int] = {}  # value -> bit set of the graph outputs that depend on it
     bits = {o: 1 << i for i, o in enumerate(sorted(outputs))}
@@ -224,22 +225,24 @@ def _main_nodes(nodes: list[onnx.NodeProto], chain: set[int], outputs: set[str])
             mask |= reaches.get(o, 0) | bits.get(o, 0)
         if k in chain and mask & (mask - 1):
             main.add(k)
-        for x in node_inputs(node):
+        for x in reads[k]:
             reaches[x] = reaches.get(x, 0) | mask
     return main
 
 
-def _first_chain_reader(nodes: list[onnx.NodeProto], root: int, early: set[int], chain: set[int]) -> int | None:
+def _first_chain_reader(nodes: list[onnx.NodeProto], readers: dict[str, list[int]], root: int, early: set[int],
+                        chain: set[int]) -> int | None:
     """The chain node, first in graph order, that reads an output of ``root`` or of its early descendants."""
-    values = {o for o in nodes[root].output if o}
-    for k in range(root + 1, len(nodes)):
-        inputs = node_inputs(nodes[k])
-        if values.intersection(inputs):
-            if k in chain:
-                return k
-            if k in early:
-                values.update(o for o in nodes[k].output if o)
-    return None
+    first, seen, stack = None, {root}, [root]
+    while stack:
+        for o in nodes[stack.pop()].output:
+            for r in readers.get(o, []) if o else []:
+                if r in chain:
+                    first = r if first is None else min(first, r)
+                elif r in early and r not in seen:
+                    seen.add(r)
+                    stack.append(r)
+    return first
 
 
 def _stable_topological(items: list[tuple[int, onnx.NodeProto]]) -> list[onnx.NodeProto]:
