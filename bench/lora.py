@@ -9,7 +9,9 @@ the forward model in an ``onnxruntime.InferenceSession`` (``base_nopattern``: wi
 and ``enable_mem_reuse=False``, as onnxtrain's sessions run); ``generate-X`` writes the artifacts and ``train-X``
 trains them, for ``full`` (every weight) and ``lora`` (rank-8 adapters on query/value plus the classifier;
 ``lora_constants``: the same with ``LoRA(freeze_base=False)``; ``lora_dynamic``: the same on the model exported
-with a dynamic batch axis, as exporters usually write it). The step is forward + backward + AdamW + gradient
+with a dynamic batch axis, as exporters usually write it); ``arena-lora`` trains ``lora`` with onnxruntime's
+profiler on, which reports per node the bytes its arena has in use and holds: their peaks are the activations
+alone. The step is forward + backward + AdamW + gradient
 reset, the median of ``--steps`` after 2 warm-up steps. ``interleaved`` loads ``full`` and ``lora`` in one
 process and alternates their steps for ``--rounds`` rounds, so that both see the same load on a shared machine:
 the step-time ratio comes from there (wall and CPU time). Not a test: timings are under load.
@@ -106,6 +108,8 @@ def measure(mode: str, model: str, workdir: str, steps: int, threads: int) -> di
         return out
     if kind == "interleaved":
         return _interleaved(workdir, ["full", "lora"], x, y, steps, threads)
+    if kind == "arena":
+        return {**out, **_arena(os.path.join(workdir, what), x, y, threads)}
     module, optimizer, out["trainable_params"] = _load(os.path.join(workdir, what), threads)
     times, cpu, losses = [], [], []
     for _ in range(steps + 2):
@@ -119,7 +123,30 @@ def measure(mode: str, model: str, workdir: str, steps: int, threads: int) -> di
     return out
 
 
-def _load(directory: str, threads: int):
+def _arena(directory: str, x, y, threads: int) -> dict:
+    """onnxruntime's own account of its arena at the step's peak, from its profiler (per node: bytes in use,
+    bytes the arena holds): the activations alone, without the imports, weights and sessions in the RSS."""
+    import gc
+    import glob
+
+    prefix = os.path.join(directory, "arena_profile")
+    module, optimizer, _ = _load(directory, threads, profile=prefix)
+    for _ in range(3):
+        _step(module, optimizer, x, y)
+    del module, optimizer
+    gc.collect()  # the sessions write their profiles when they close
+    in_use = held = 0
+    for path in glob.glob(prefix + "*.json"):
+        with open(path) as f:
+            for event in json.load(f):
+                args = event.get("args", {})
+                in_use = max(in_use, int(args.get("mem_bytes_in_use", 0)))
+                held = max(held, int(args.get("mem_arena_held", 0)))
+        os.remove(path)
+    return {"arena_in_use_mb": in_use / 2**20, "arena_held_mb": held / 2**20}
+
+
+def _load(directory: str, threads: int, profile: str | None = None):
     import onnxruntime as ort
 
     from onnxtrain.api import CheckpointState, Module, Optimizer
@@ -128,6 +155,8 @@ def _load(directory: str, threads: int):
     state = CheckpointState.load_checkpoint(os.path.join(directory, "checkpoint"))
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    if profile:
+        so.enable_profiling, so.profile_file_prefix = True, profile
     module = Module(paths["training"], state, paths["eval"], session_options=so)
     module.train()
     trainable = int(sum(p.data.size for _, p in state.parameters if p.requires_grad))
@@ -185,7 +214,7 @@ def main() -> None:
         results = []
         for mode in ("base", "base_nopattern", "generate-lora", "train-lora", "generate-full", "train-full",
                      "generate-lora_constants", "train-lora_constants", "generate-lora_dynamic",
-                     "train-lora_dynamic", "interleaved"):
+                     "train-lora_dynamic", "arena-lora", "interleaved"):
             env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
             proc = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--rounds", str(args.rounds),
                                    "--threads", str(args.threads), "--child", mode,
@@ -236,6 +265,11 @@ def table(record: dict) -> str:
                     f"{gen['checkpoint_mb']:.2f} | {gen['artifacts_mb']:.0f} | {gen['generate_s']:.1f} | "
                     f"{train['losses'][0]:.3f} -> {train['losses'][-1]:.3f} |")
     load = ", ".join(f"{v:.1f}" for v in record["load_avg"])
+    arena = ""
+    if "arena-lora" in r:  # records from before the mode existed have none
+        peak = r["arena-lora"]
+        arena = (f" onnxruntime's arena at the LoRA step's peak (its profiler): {peak['arena_in_use_mb']:.1f} MB in "
+                 f"use, {peak['arena_held_mb']:.1f} MB held.")
     return "\n".join([
         BEGIN,
         "## LoRA vs full fine-tuning",
@@ -249,7 +283,7 @@ def table(record: dict) -> str:
         f"imported), against the base model's forward in an InferenceSession: {base:.0f} MB with onnxruntime's "
         f"defaults / {base_np:.0f} MB with `enable_mem_pattern=False` and `enable_mem_reuse=False` as onnxtrain "
         "runs its sessions "
-        f"({r['base']['forward_ms']:.0f} ms). **Timings under load**: the 2-core machine was shared with other "
+        f"({r['base']['forward_ms']:.0f} ms).{arena} **Timings under load**: the 2-core machine was shared with other "
         f"agents (load average {load} at the end). Targets: step <= 0.6x full fine-tuning, peak RSS <= base "
         "model + 30 %.",
         "",

@@ -1,5 +1,3 @@
-import contextlib
-
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -35,8 +33,9 @@ def _mlp(activation: str) -> onnx.ModelProto:
 
 
 def _training_model(tmp_path, activation: str, recompute: bool = False) -> onnx.ModelProto:
-    """The generated training model, before generate_artifacts' memory passes unless ``recompute``."""
-    with contextlib.nullcontext() if recompute else as_built():
+    """The generated training model, before generate_artifacts' memory passes, or (``recompute``) with those of
+    this module only (GeluBackward would rewrite the GELU's backward first)."""
+    with as_built(keep=("ShapesInForward", "RecomputeInBackward")) if recompute else as_built():
         paths = generate_artifacts(_mlp(activation), requires_grad=["W1"], frozen_params=["W2"],
                                    loss=LossType.MSELoss, artifact_directory=tmp_path)
     return onnx.load(paths["training"])

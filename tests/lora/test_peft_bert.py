@@ -30,6 +30,7 @@ transformers, peft = _import_peft()
 
 from onnxtrain.api import CheckpointState, Module, Optimizer  # noqa: E402
 from onnxtrain.artifacts import LoRA, LossType, OptimType, generate_artifacts  # noqa: E402
+from onnxtrain.artifacts.passes.gelu_backward import SUFFIX as GELU_SUFFIX  # noqa: E402
 from onnxtrain.lora import save_peft_adapter  # noqa: E402
 from tests.cli.conftest import assert_one_line_error, run_cli  # noqa: E402
 
@@ -207,9 +208,11 @@ def test_the_backward_does_only_what_the_adapters_need(bert, tmp_path):
                 if x in only_shapes:
                     only_shapes[x].add(n.op_type)
     assert not [x for x, ops in only_shapes.items() if ops <= {"Shape", "Size"}]
-    # the erf GELU keeps only its input: its other intermediates are recomputed in the backward
+    # the erf GELU keeps only its input, and its backward is one product by its derivative (GeluBackward) in
+    # both layers: torch's export is the form that pass rewrites
     gelu = {o for n in forward if "intermediate_act_fn" in n.name and n.op_type != "Constant" for o in n.output}
     assert reads & gelu == set()
+    assert len([n for n in model.graph.node if n.op_type == "Mul" and n.name.endswith(GELU_SUFFIX)]) == 2
     # so are the attention probabilities where the backward keeps q and k anyway (layer 0's key needs no
     # gradient, so there it may keep them instead), and onnxruntime does not merge the copies back
     probabilities = {n.output[0]: n.name for n in forward if n.op_type == "Softmax"}

@@ -99,3 +99,60 @@ def test_sgd_takes_learning_rate_params_and_gradients():
 def test_an_optimizer_without_trainable_parameters_is_an_error():
     with onnxblock.empty_base(), pytest.raises(ValueError, match="no trainable parameters"):
         onnxblock.optim.AdamW()(([], []))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: onnxblock.optim.AdamW(weight_decay=0.01, clip_grad=onnxblock.optim.ClipGradNorm(0.5)),
+    lambda: onnxblock.optim.AdamW(betas=(0.8, 0.99), eps=1e-8, bias_correction=False),
+    lambda: onnxblock.optim.SGD(clip_grad=onnxblock.optim.ClipGradNorm(0.5)),
+])
+def test_optimizer_runs_an_onnxblock_model_as_its_sequence_update(make, tmp_path):
+    """api.Optimizer given an onnxblock.optim model runs the recorded rule as the flat update: three steps give
+    what the sequence model itself computes."""
+    from onnxtrain.api import CheckpointState, Module, Optimizer
+    from tests import models
+
+    class WithLoss(onnxblock.TrainingBlock):
+        def __init__(self):
+            super().__init__()
+            self.loss = onnxblock.loss.MSELoss()
+
+        def build(self, output_name):
+            return self.loss(output_name)
+
+    block = WithLoss()
+    with onnxblock.base(models.mlp()):
+        block("output")
+        training, eval_model = block.to_model_proto()
+    optimizer_block = make()
+    with onnxblock.empty_base():
+        optimizer_block(block.parameters())
+    sequence_model = optimizer_block.to_model_proto()
+    for name, proto in [("training", training), ("eval", eval_model), ("optimizer", sequence_model)]:
+        onnx.save(proto, str(tmp_path / f"{name}.onnx"))
+    onnxblock.save_checkpoint(block.parameters(), str(tmp_path / "checkpoint"))
+
+    state = CheckpointState.load_checkpoint(str(tmp_path / "checkpoint"))
+    module = Module(str(tmp_path / "training.onnx"), state, str(tmp_path / "eval.onnx"))
+    optimizer = Optimizer(str(tmp_path / "optimizer.onnx"), module)
+    optimizer.set_learning_rate(0.05)
+    names = [p.name for p in block.parameters()[0]]
+    params = [state.parameters[n].data for n in names]
+    moments = [[np.zeros_like(p) for p in params] for _ in range(2)]
+    session = _session(sequence_model)
+    seq_inputs = {i.name for i in sequence_model.graph.input}
+    rng = np.random.default_rng(3)
+    for step in range(1, 4):
+        module(rng.standard_normal((6, 8)).astype(np.float32), rng.standard_normal((6, 4)).astype(np.float32))
+        grads = [state.parameters[n].grad for n in names]
+        feeds = {"learning_rate": np.array([0.05], np.float32), "step": np.array([step], np.int64),
+                 "params": params, "gradients": grads, "first_order_moments": moments[0],
+                 "second_order_moments": moments[1]}
+        outs = dict(zip([o.name for o in sequence_model.graph.output],
+                        session.run(None, {k: v for k, v in feeds.items() if k in seq_inputs})))
+        params = outs["params.out"]
+        moments = [outs.get("first_order_moments.out", moments[0]), outs.get("second_order_moments.out", moments[1])]
+        optimizer.step()
+        module.lazy_reset_grad()
+        for n, want in zip(names, params):
+            np.testing.assert_allclose(state.parameters[n].data, want, rtol=1e-5, atol=1e-6, err_msg=f"{n}, {step}")

@@ -252,3 +252,38 @@ def test_a_failure_inside_the_engine_is_a_clear_error_and_loses_nothing(mlp_dir,
     loss, _ = module(x, y)
     optimizer.step()
     assert np.isfinite(loss) and state.step == 2
+
+
+def test_export_keeps_the_outputs_the_loss_does_not_read(tmp_path, rng):
+    """A model returning logits and their softmax, trained on the logits: the inference model exports both."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["logits"]),
+         helper.make_node("Softmax", ["logits"], ["probs"], axis=-1)],
+        "two_outputs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 4]) for n in ("logits", "probs")],
+        [numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w"),
+         numpy_helper.from_array(np.zeros(4, np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    generate_artifacts(model, requires_grad=["w", "b"], loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path)
+    state, module = load(tmp_path)
+    optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    x, y = batch(rng)
+    for _ in range(3):
+        module(x, y)
+        optimizer.step()
+        module.lazy_reset_grad()
+    module.export_model_for_inferencing(tmp_path / "both.onnx")  # default: the model's outputs
+    module.export_model_for_inferencing(tmp_path / "probs.onnx", ["probs"])
+    w, b = state.parameters["w"].data, state.parameters["b"].data
+    logits = x @ w + b
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    both = ort.InferenceSession(str(tmp_path / "both.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(both[0], logits, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(both[1], probs, rtol=1e-5, atol=1e-6)
+    only = ort.InferenceSession(str(tmp_path / "probs.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in only.get_outputs()] == ["probs"]
+    np.testing.assert_allclose(only.run(None, {"x": x})[0], probs, rtol=1e-5, atol=1e-6)

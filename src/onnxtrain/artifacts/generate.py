@@ -12,7 +12,7 @@ from onnxtrain.artifacts.graphs import build_graphs
 from onnxtrain.artifacts.lora import apply_lora, finish_lora
 from onnxtrain.artifacts.optimizer import build_optimizer_model
 from onnxtrain.artifacts.params import plan_parameters
-from onnxtrain.artifacts.passes import BackwardOrder, RecomputeInBackward, ShapesInForward
+from onnxtrain.artifacts.passes import BackwardOrder, GeluBackward, RecomputeInBackward, ShapesInForward
 from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
 from onnxtrain.blocks import ops, optim
 from onnxtrain.blocks.base import Block
@@ -48,6 +48,8 @@ def _resolve_optimizer(optimizer) -> optim.Optimizer | None:
         return optimizer.block_class()
     if isinstance(optimizer, optim.Optimizer):
         return optimizer
+    if isinstance(getattr(optimizer, "flat_rule", None), optim.Optimizer):  # onnxblock.optim.AdamW(...), as the peer
+        return optimizer.flat_rule
     raise TypeError(f"optimizer must be an OptimType or an onnxtrain.blocks.Optimizer, got "
                     f"{type(optimizer).__name__}")
 
@@ -107,10 +109,12 @@ def generate_artifacts(
         plan = plan_parameters(source.model.graph, source.weights, train, frozen, trainable_ops)
         graphs = build_graphs(source.model, source.weights, plan, loss_block, loss_input_names,
                               additional_output_names, all_outputs)
-        # The backward keeps fewer forward values: with a dynamic axis it reads the shapes of values it only needs
-        # the shapes of (ShapesInForward), then it recomputes cheap ones (erf GELU's intermediates, attention
-        # probabilities) from values it keeps anyway; in this order, so that a value read only for its shape
-        # does not count as kept (docs/memory.md, docs/lora.md).
+        # The backward keeps fewer forward values: the erf GELU's backward multiplies by its derivative, computed
+        # from its input (GeluBackward); with a dynamic axis it reads the shapes of values it only needs the
+        # shapes of (ShapesInForward), then it recomputes cheap ones (attention probabilities) from values it
+        # keeps anyway; in this order, so that a value read only for its shape does not count as kept
+        # (docs/memory.md, docs/lora.md).
+        graphs.training = GeluBackward()(graphs.training).model
         graphs.training = ShapesInForward()(graphs.training).model
         graphs.training = RecomputeInBackward()(graphs.training).model
         # onnxruntime orders the nodes itself: gradient nodes wait for the backward, weight gradients are

@@ -175,7 +175,10 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     ).to_props()
     training = _model(model, train_graph, meta)
 
-    eval_nodes = prune_nodes(forward_nodes, [loss_name, *extras])
+    # The forward's other outputs stay computable (not as graph outputs: onnxruntime drops their nodes when it
+    # evaluates) so that an inference model can be exported with them, e.g. softmax probabilities beside the
+    # logits a loss reads.
+    eval_nodes = prune_nodes(forward_nodes, [loss_name, *extras, *output_names])
     eval_graph = helper.make_graph(eval_nodes, "eval", [*user_inputs, *labels, *state_inputs],
                                    [loss_vi, *extra_outputs], initializer=_used(full.initializer, eval_nodes))
     evaluation = DropUnreadIndices()(EvalMode()(_model(model, eval_graph, meta)).model).model

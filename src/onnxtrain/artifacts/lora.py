@@ -45,8 +45,9 @@ def finish_lora(graphs: TrainingGraphs, meta: LoRAMeta) -> None:
     """Record the adapters in the training and eval models (the runtime's merge and the PEFT export read it).
 
     LoRA's point is memory: with the weights frozen, the activations the backward keeps are most of a step's
-    memory. generate_artifacts makes every training graph, LoRA's included, keep fewer forward values for the
-    backward (``ShapesInForward``, then ``RecomputeInBackward``; see its ``build``).
+    memory. generate_artifacts makes every training graph, LoRA's included, keep fewer forward values and
+    temporaries for the backward (``GeluBackward``, ``ShapesInForward``, then ``RecomputeInBackward``; see its
+    ``build``).
     """
     meta.attach(graphs.training)
     meta.attach(graphs.eval)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -41,23 +42,31 @@ def running_statistics(graph: onnx.GraphProto) -> set[str]:
     return {x for node in graph.node if node.op_type == "BatchNormalization" for x in node.input[3:5] if x}
 
 
-def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str) -> list[str]:
-    """Resolve names and shell-style globs against ``candidates``; unknown names are an error."""
+def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str, strict: bool = True) -> list[str]:
+    """Resolve names and shell-style globs against ``candidates``; unknown names are an error (``strict``) or
+    are skipped with a warning."""
     if names is None:
         return []
     if isinstance(names, str):
         raise TypeError(f"{what} must be a list of names, got the string {names!r}")
     out: list[str] = []
+    skipped: list[str] = []
     for name in names:
         if not isinstance(name, str):
             raise TypeError(f"{what}: parameter names must be strings, got {name!r}")
         hits = [c for c in candidates if c == name] or (
             [c for c in candidates if fnmatch.fnmatchcase(c, name)] if any(ch in name for ch in "*?[") else [])
+        if not hits and not strict:
+            skipped.append(name)
+            continue
         if not hits:
             close = [c for c in candidates if name.split(".")[-1] in c][:5]
             raise ValueError(f"{what}: {name!r} is not an initializer of the model"
                              + (f" (similar names: {close})" if close else f" ({len(candidates)} initializers)"))
         out += [h for h in hits if h not in out]
+    if skipped:
+        warnings.warn(f"{what}: {len(skipped)} names are not initializers of the model and are ignored (as "
+                      f"onnxruntime-training does): {skipped[:8]}", stacklevel=3)
     return out
 
 
@@ -77,7 +86,9 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
     names = list(weights)
     float_names = [n for n in names if onnx.helper.np_dtype_to_tensor_dtype(weights[n].dtype) in FLOAT_TYPES]
     trainable = _expand(requires_grad, names, "requires_grad")
-    frozen = _expand(frozen_params, names, "frozen_params")
+    # Nothing to freeze is harmless: exporters turn torch buffers (named_buffers(), which users list here) into
+    # constants, and the peer ignores such names.
+    frozen = _expand(frozen_params, names, "frozen_params", strict=False)
     both = sorted(set(trainable) & set(frozen))
     if both:
         raise ValueError(f"{both[0]!r} is listed both in requires_grad and in frozen_params"

@@ -60,6 +60,12 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
         try:
             weights[init.name] = numpy_helper.to_array(init, base_dir=base_dir or "")
         except Exception as exc:
+            if init.external_data and base_dir is None:
+                where = next((e.value for e in init.external_data if e.key == "location"), "?")
+                raise ValueError(f"cannot read initializer {init.name!r}: the model was given as a ModelProto whose "
+                                 f"weights are in an external file ({where!r}), which is read relative to the "
+                                 f"current directory and was not found there ({exc}); pass the model's path "
+                                 f"instead, or onnx.load it with its external data") from None
             raise ValueError(f"cannot read initializer {init.name!r}: {exc}") from None
     del original
     proto = _split_sequences(proto, weights)
@@ -140,16 +146,30 @@ def _unalias_initializers(graph: onnx.GraphProto, weights: dict[str, np.ndarray]
             del weights[name]
 
 
+def _drop_unused_saved_statistics(graph: onnx.GraphProto) -> None:
+    """Training-mode BatchNormalization before opset 14 may list saved_mean/saved_var outputs, which opset 14
+    removed (torch's TorchScript exporter writes them, unused); the converter refuses them, so drop them."""
+    read = {x for n in graph.node for x in node_inputs(n)} | {o.name for o in graph.output}
+    for node in graph.node:
+        if node.op_type == "BatchNormalization" and len(node.output) > 3 and not read & set(node.output[3:]):
+            del node.output[3:]
+
+
 def _upgrade(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
     """Convert to opset 17 (the converter needs the initializers back, so add and strip them again)."""
     from onnx import version_converter
 
     proto.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in weights.items())
+    _drop_unused_saved_statistics(proto.graph)
     try:
         proto = version_converter.convert_version(proto, MIN_OPSET)
     except Exception as exc:
         raise ValueError(f"cannot convert the model to opset {MIN_OPSET} (onnxtrain needs at least "
                          f"{MIN_OPSET}): {exc}") from None
+    for node in proto.graph.node:  # before opset 14 the output count meant training mode; the converter drops it
+        if (node.op_type == "BatchNormalization" and len(node.output) > 1
+                and not any(a.name == "training_mode" for a in node.attribute)):
+            node.attribute.append(onnx.helper.make_attribute("training_mode", 1))
     weights.clear()
     weights.update({i.name: numpy_helper.to_array(i) for i in proto.graph.initializer})
     del proto.graph.initializer[:]

@@ -27,3 +27,18 @@ from onnxtrain.onnxblock.onnxblock import ForwardBlock, TrainingBlock
 
 __all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "empty_base", "blocks", "loss", "optim",
            "save_checkpoint", "load_checkpoint_to_model"]
+
+
+_RENAMED = {  # onnxruntime-training before 1.15 -> 1.15 to 1.19.2
+    "TrainingModel": "onnxblock.TrainingBlock (build the models inside `with onnxblock.base(model):`, then "
+                     "block.to_model_proto() returns (training_model, eval_model))",
+    "onnx_model": "onnxblock.base(model) for a forward model and onnxblock.empty_base() for an optimizer (the "
+                  "built models come from block.to_model_proto(), not from the accessor)",
+}
+
+
+def __getattr__(name: str):
+    if name in _RENAMED:
+        raise AttributeError(f"onnxblock.{name} is the API of onnxruntime-training before 1.15, which onnxtrain "
+                             f"follows at 1.19.2: use {_RENAMED[name]}")
+    raise AttributeError(f"module 'onnxtrain.onnxblock' has no attribute {name!r}")

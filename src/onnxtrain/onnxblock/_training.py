@@ -27,8 +27,9 @@ class TrainingModels:
 
 
 def build_training_models(forward: onnx.ModelProto, loss: str, requires_grad: Sequence[str],
-                          frozen: Sequence[str]) -> TrainingModels:
-    """Training and eval models of ``forward`` with ``loss`` (one of its outputs) as the loss.
+                          frozen: Sequence[str], additional_outputs: Sequence[str] = ()) -> TrainingModels:
+    """Training and eval models of ``forward`` with ``loss`` (one of its outputs) as the loss, returning
+    ``additional_outputs`` (other values the block returned) after it, as the peer's.
 
     Names in ``requires_grad`` that are graph inputs get their gradient returned, as parameters do.
     """
@@ -38,7 +39,8 @@ def build_training_models(forward: onnx.ModelProto, loss: str, requires_grad: Se
     plan = plan_parameters(source.model.graph, source.weights, params or None,
                            [n for n in frozen if n not in graph_inputs])
     plan.inputs = [n for n in requires_grad if n in graph_inputs]
-    graphs = build_graphs(source.model, source.weights, plan, Identity(), [loss], None, False)
+    graphs = build_graphs(source.model, source.weights, plan, Identity(), [loss], list(additional_outputs),
+                          False)
     for model in (graphs.training, graphs.eval):
         for value in model.graph.input:
             if value.name == names.LAZY_RESET_GRAD:  # the peer feeds shape [1], onnxtrain's runtime a scalar

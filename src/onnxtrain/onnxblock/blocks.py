@@ -5,16 +5,26 @@ Each block adds nodes to the model of the enclosing ``onnxblock.base(...)`` and 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import onnx
 
 from onnxtrain.blocks import base as _base
 from onnxtrain.blocks import ops as _ops
 from onnxtrain.ir.types import np_dtype
-from onnxtrain.onnxblock.model_accessor import current_accessor
+from onnxtrain.onnxblock.model_accessor import _ACCESSORS, current_accessor
 
 __all__ = ["Block", "Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Exp", "Log", "Sqrt", "Sigmoid", "Relu",
            "ReduceMean", "ReduceSum", "Clip", "Constant", "Cast", "Linear", "LabelEncoder"]
+
+
+_BUILDING: list[_base.BuildContext] = []  # graphs onnxblock blocks are building into, innermost last
+
+
+def _accessors_active() -> bool:
+    return bool(_ACCESSORS)
 
 
 class Block(_base.Block):
@@ -28,8 +38,21 @@ class Block(_base.Block):
         return current_accessor().model
 
     def _enclosing_context(self) -> _base.BuildContext:
-        # The peer's blocks take plain names and build into the enclosing `with onnxblock.base(model):`.
+        # The peer's blocks take plain names and build into the enclosing `with onnxblock.base(model):`; a block
+        # called with no graph value (Constant()) inside a custom loss that generate_artifacts builds (no `base`)
+        # builds into the graph of that loss.
+        if not _accessors_active() and _BUILDING:
+            return _BUILDING[-1]
         return current_accessor().context
+
+    @contextlib.contextmanager
+    def _building_into(self, ctx: _base.BuildContext) -> Iterator[None]:
+        _BUILDING.append(ctx)
+        try:
+            with super()._building_into(ctx):
+                yield
+        finally:
+            _BUILDING.pop()
 
 
 class Add(Block, _ops.Add):

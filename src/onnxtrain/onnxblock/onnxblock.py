@@ -109,8 +109,8 @@ class TrainingBlock(Block):
         accessor = current_accessor()
         output = self.build(*args, **kwargs)
         forward = _register_outputs(accessor, output)
-        loss = output if isinstance(output, str) else output[0]
-        built = build_training_models(forward, loss, self._requires_grad, self._frozen_params)
+        outputs = [output] if isinstance(output, str) else list(output)
+        built = build_training_models(forward, outputs[0], self._requires_grad, self._frozen_params, outputs[1:])
         self._training_model, self._eval_model = built.training, built.eval
         self._parameters = ([numpy_helper.from_array(built.weights[n], n) for n in built.trainable],
                             [numpy_helper.from_array(built.weights[n], n) for n in built.frozen])

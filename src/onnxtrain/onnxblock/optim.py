@@ -5,12 +5,18 @@ The optimizer model takes ``learning_rate`` (float [1]), ``step`` (int64 [1], Ad
 The update is onnxtrain's (:mod:`onnxtrain.blocks.optim`) applied to the concatenation of every tensor, in
 standard ONNX ops; the updated sequences are the outputs ``params.out`` (and ``first_order_moments.out``,
 ``second_order_moments.out``). The block returns the name of ``updated_flag`` (bool [1], True), as the peer's.
+
+The model also records its update rule (``RULE_KEY`` metadata): ``onnxtrain.api.Optimizer`` given such a model runs
+the same rule as onnxtrain's flat optimizer graph over the Module's parameters (see :func:`flat_optimizer_model`).
 """
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Sequence
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -20,9 +26,11 @@ from onnxtrain.blocks.transforms import ClipByGlobalNorm, UpdateState
 from onnxtrain.onnxblock._sequences import constant_true, flatten, sequence_input, unflatten
 from onnxtrain.onnxblock.blocks import Block
 
-__all__ = ["ClipGradNorm", "AdamW", "SGD"]
+__all__ = ["ClipGradNorm", "AdamW", "SGD", "flat_optimizer_model", "RULE_KEY"]
 
 UPDATED_FLAG = "updated_flag"
+RULE_KEY = "onnxtrain.onnxblock_optimizer"
+_RULES = {"AdamW": _optim.AdamW, "SGD": _optim.SGD}
 
 
 class ClipGradNorm(Block):
@@ -48,6 +56,28 @@ class _SequenceOptimizer(Block):
     def __init__(self, rule: _optim.Optimizer, clip_grad: ClipGradNorm | None):
         super().__init__()
         self._rule, self._clip_grad = rule, clip_grad
+        self._model: onnx.ModelProto | None = None
+
+    @property
+    def flat_rule(self) -> _optim.Optimizer:
+        """The same update as an onnxtrain optimizer block (flat vectors; clipping included)."""
+        config = {**self._rule.config(), "max_norm": self._clip_grad.max_norm if self._clip_grad else None}
+        return type(self._rule)(**config)
+
+    def __call__(self, *args, **kwargs):
+        output = super().__call__(*args, **kwargs)
+        rule = self.flat_rule
+        self.base.metadata_props.add(key=RULE_KEY, value=json.dumps({"type": type(rule).__name__,
+                                                                     "config": rule.config()}))
+        self._model = copy.deepcopy(self.base)
+        return output
+
+    def to_model_proto(self) -> onnx.ModelProto:
+        """The optimizer model, once the block was called (the peer's optimizers are ForwardBlocks)."""
+        if self._model is None:
+            raise RuntimeError("Please build the optimizer model first: call the block inside "
+                               "`with onnxblock.empty_base():` before to_model_proto()")
+        return self._model
 
     def build(self, parameters: tuple[Sequence[onnx.TensorProto], Sequence[onnx.TensorProto]]) -> str:
         trainable, _ = parameters
@@ -92,3 +122,24 @@ class SGD(_SequenceOptimizer):
 
     def __init__(self, clip_grad: ClipGradNorm | None = None):
         super().__init__(_optim.SGD(), clip_grad)
+
+
+def flat_optimizer_model(model: onnx.ModelProto, params: dict[str, np.ndarray]) -> onnx.ModelProto | None:
+    """onnxtrain's flat optimizer model for ``params`` (name -> value, in the Module's order) with the rule recorded
+    in ``model`` by an onnxblock optimizer; None if ``model`` has no such record."""
+    from onnxtrain.artifacts.optimizer import build_optimizer_model
+
+    text = next((p.value for p in model.metadata_props if p.key == RULE_KEY), None)
+    if text is None:
+        return None
+    record = json.loads(text)
+    if record.get("type") not in _RULES:
+        raise ValueError(f"the onnxblock optimizer model records an unknown rule {record.get('type')!r}; "
+                         f"known: {sorted(_RULES)}")
+    config = record.get("config", {})
+    config["betas"] = tuple(config.get("betas", ())) or (0.9, 0.999)
+    if record["type"] == "SGD":
+        config.pop("betas")
+    rule = _RULES[record["type"]](**config)
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    return build_optimizer_model(rule, params, opset, model.ir_version)

@@ -32,7 +32,9 @@ def export_inference_model(eval_model: onnx.ModelProto, meta: TrainingMeta, valu
     labels = [n for n in meta.labels if n in needed]
     if labels:
         raise ValueError(f"cannot export {output_names}: they depend on the label inputs {labels}")
-    inputs = [i for i in graph.input if i.name in meta.user_inputs]
+    # Only the inputs the outputs depend on: a loss written into the forward model (onnxblock) has its target
+    # among the user inputs, and the peer's exported model does not ask for it.
+    inputs = [i for i in graph.input if i.name in meta.user_inputs and i.name in needed]
     initializers = [numpy_helper.from_array(values[n], n) for n in values if n in needed]
     initializers += [i for i in graph.initializer if i.name in needed]
     outputs = [helper.make_tensor_value_info(n, infos[n].elem_type, infos[n].shape) for n in output_names]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import onnx
@@ -12,6 +13,21 @@ from onnxtrain.runtime.engine_errors import first_line
 
 __all__ = ["load_model", "open_artifact_session"]
 
+logger = logging.getLogger(__name__)
+
+
+def _onnx_beside_ort(path: str, what: str) -> str:
+    """The .onnx artifact for a .ort one: generate_artifacts(ort_format=True) writes both, and onnxtrain's runtime
+    reads ONNX (it reads the metadata and passes the graphs through its own rewrites first)."""
+    if not path.endswith(".ort") or not os.path.exists(path):
+        return path
+    onnx_path = path[:-len(".ort")] + ".onnx"
+    if not os.path.exists(onnx_path):
+        raise ArtifactError(f"the {what} {path!r} is in ORT format, which onnxtrain's Python runtime does not read; "
+                            f"pass the .onnx artifact generate_artifacts wrote beside it ({onnx_path!r} is missing)")
+    logger.info("%s %s: reading %s, the ONNX artifact written with it (the runtime reads ONNX)", what, path, onnx_path)
+    return onnx_path
+
 
 def load_model(uri: str | os.PathLike | bytes | onnx.ModelProto, what: str) -> onnx.ModelProto:
     """Read an artifact; a missing or unreadable file is a clear error (FileNotFoundError, ArtifactError)."""
@@ -20,11 +36,11 @@ def load_model(uri: str | os.PathLike | bytes | onnx.ModelProto, what: str) -> o
     try:
         if isinstance(uri, bytes):
             return onnx.load_from_string(uri)
-        path = os.fspath(uri)
+        path = _onnx_beside_ort(os.fspath(uri), what)
         if not os.path.exists(path):
             raise FileNotFoundError(f"{what} not found: {path}")
         return onnx.load(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, ArtifactError):
         raise
     except Exception as exc:  # protobuf and onnx raise several types for a file that is not a model
         raise ArtifactError(f"cannot read the {what} {uri!r}: it is not a valid ONNX model "

@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
+
 from onnxtrain.runtime.loading import load_model
 from onnxtrain.runtime.module import Module
 
 __all__ = ["Optimizer"]
+
+_ONNXBLOCK_RULE = "onnxtrain.onnxblock_optimizer"  # onnxtrain.onnxblock.optim.RULE_KEY, without importing it
+
+
+def _from_onnxblock(model, values):
+    """An onnxblock.optim model (sequences in, sequences out) as the same rule over the Module's flat vectors."""
+    from onnxtrain.onnxblock.optim import flat_optimizer_model
+
+    zero = np.zeros((), values.params.dtype)  # only shapes and dtype matter (values may be nominal)
+    return flat_optimizer_model(model, {n: np.broadcast_to(zero, s) for n, s in values.params.layout})
 
 
 class Optimizer:
@@ -27,6 +39,8 @@ class Optimizer:
             raise TypeError(f"module must be an onnxtrain Module, got {type(module).__name__}")
         model = load_model(optimizer_uri, "optimizer model")
         self._run = module.training_run
+        if any(p.key == _ONNXBLOCK_RULE for p in model.metadata_props):
+            model = _from_onnxblock(model, self._run.values)
         self._update = self._run.attach_optimizer(model)
         self.state_names = tuple(self._update.meta.states)
         self.config = self._update.meta.config

@@ -175,6 +175,10 @@ class CheckpointState:
     """
 
     def __init__(self, data: CheckpointData):
+        if not isinstance(data, CheckpointData):
+            raise TypeError(f"CheckpointState() takes CheckpointData, got {type(data).__name__}; to read a checkpoint "
+                            "file use CheckpointState.load_checkpoint(path) (CheckpointState(path) is the API of "
+                            "onnxruntime-training before 1.15)")
         self.values = TrainingValues(data)
         self.parameters = Parameters(self.values)
         self.buffers = Buffers(self.values)

@@ -5,7 +5,9 @@ Every forward value that a gradient node reads stays alive from the forward to t
 BERT cost the most: the erf GELU ``x * 0.5 * (1 + erf(x / sqrt(2)))``, whose backward reads ``x``,
 ``x / sqrt(2)`` and ``1 + erf(...)``, three activations of the intermediate size where ``x`` suffices; and
 the attention probabilities ``softmax(q k^T)`` (batch x heads x sequence x sequence), whose backward also
-keeps ``q`` and ``k``, from which one small MatMul and a Softmax recompute them.
+keeps ``q`` and ``k``, from which one small MatMul and a Softmax recompute them. (generate_artifacts runs
+GeluBackward first, which replaces the backward of a GELU as torch exports it, so the GELU case is left for the
+GELUs that pass does not handle.)
 
 Cases handled:
 
