@@ -519,6 +519,47 @@ def _dw_shift_gemm(layer):
     return built(layer, ("x", "dy"), layer.w_shape, lambda op, b, la: _shift_gemm(op, b, la, False))
 
 
+@variant("dw", "dw_swapped_conv")
+def _dw_swapped_conv(layer):
+    """dW as one Conv of X with dY as the kernel, batch and channels swapped: no patches in memory."""
+    if layer.groups != 1:
+        return None
+
+    def emit(op, b, la):
+        xs = op.Transpose("x", perm=[1, 0, 2, 3])                                    # (Ci, N, H, W)
+        ks = op.Transpose("dy", perm=[1, 0, 2, 3])                                   # (Co, N, Ho, Wo)
+        out = op.Conv(xs, ks, strides=list(la.dilation), dilations=list(la.stride), pads=[*la.pad, *la.pad])
+        out = op.Slice(out, b.ints([0, 0]), b.ints(list(la.k)), b.ints([2, 3]))       # (Ci, Co, kh, kw)
+        return op.Transpose(out, perm=[1, 0, 2, 3])
+
+    return built(layer, ("x", "dy"), layer.w_shape, emit)
+
+
+@variant("dw", "dw_patch_rows")
+def _dw_patch_rows(layer):
+    """The rule's patches, one kernel row at a time: each row's patches (1/kh of them) are consumed at once."""
+    if layer.groups != 1 or layer.k[0] == 1:
+        return None
+
+    def emit(op, b, la):
+        kh, kw = la.k
+        dyf = op.Reshape("dy", b.ints([0, la.co, -1]))                                # (N, Co, P)
+        rows = []
+        for i in range(kh):
+            one_hot = np.zeros((la.c * kw, 1, kh, kw), np.float32)
+            for c in range(la.c):
+                for j in range(kw):
+                    one_hot[c * kw + j, 0, i, j] = 1
+            patches = op.Conv("x", b.const(one_hot), strides=list(la.stride), pads=[*la.pad, *la.pad],
+                              dilations=list(la.dilation), group=la.c)               # (N, Ci*kw, Ho, Wo)
+            flat = op.Reshape(patches, b.ints([0, la.c * kw, -1]))
+            g = b.reduce("ReduceSum", op.MatMul(dyf, op.Transpose(flat, perm=[0, 2, 1])), [0], keepdims=False)
+            rows.append(op.Reshape(g, b.ints([la.co, la.c, 1, kw])))
+        return op.Concat(*rows, axis=2)
+
+    return built(layer, ("x", "dy"), layer.w_shape, emit)
+
+
 # -- torch -------------------------------------------------------------------------------------------------------
 
 def torch_kernel(layer: Layer, kernel: str, x, w, dy):

@@ -1,5 +1,5 @@
-"""generate_artifacts without its memory passes (GeluBackward, ShapesInForward, RecomputeInBackward), for the
-tests of those passes: they start from the training graph as the autodiff built it."""
+"""generate_artifacts without its memory passes (GeluBackward, ShapesInForward, RecomputeInBackward,
+BackwardOrder), for the tests of those passes: they start from the training graph as the autodiff built it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import onnx
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
 
-PASSES = ("GeluBackward", "ShapesInForward", "RecomputeInBackward")
+PASSES = ("GeluBackward", "ShapesInForward", "RecomputeInBackward", "BackwardOrder")
 
 
 class _Identity(Pass):

@@ -12,7 +12,7 @@ from onnxtrain.artifacts.graphs import build_graphs
 from onnxtrain.artifacts.lora import apply_lora, finish_lora
 from onnxtrain.artifacts.optimizer import build_optimizer_model
 from onnxtrain.artifacts.params import plan_parameters
-from onnxtrain.artifacts.passes import GeluBackward, RecomputeInBackward, ShapesInForward
+from onnxtrain.artifacts.passes import BackwardOrder, GeluBackward, RecomputeInBackward, ShapesInForward
 from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
 from onnxtrain.blocks import ops, optim
 from onnxtrain.blocks.base import Block
@@ -149,7 +149,10 @@ def generate_artifacts(
         # shapes of (ShapesInForward), then it recomputes cheap ones (attention probabilities) from values it
         # keeps anyway; in this order, so that a value read only for its shape does not count as kept
         # (docs/memory.md, docs/lora.md).
-        memory = PassManager([GeluBackward(), ShapesInForward(), RecomputeInBackward()])(graphs.training)
+        # onnxruntime orders the nodes itself: gradient nodes wait for the backward, weight gradients are
+        # computed layer by layer (BackwardOrder, last; docs/memory.md).
+        memory = PassManager([GeluBackward(), ShapesInForward(), RecomputeInBackward(), BackwardOrder()])(
+            graphs.training)
         training = memory.model
         # A model imported from .tflite/.circle carries its source file: the training model keeps it, so that the
         # trained weights can be written back from the artifacts alone (`onnxtrain export --format tflite`).

@@ -18,14 +18,20 @@ _MAX_BINDINGS = 8  # a training loop alternates between two sets of buffers; a f
 
 
 _SHARED_ARENA: list[ort.OrtMemoryInfo] = []
+# How the shared arena grows when no free block fits: 0 (kNextPowerOfTwo) doubles, 1 (kSameAsRequested) adds a
+# region of exactly the size asked for. Blocks merge only within a region, so regions of one tensor each left the
+# backward's large temporaries (a weight gradient's patches) no free block to fit in: the arena grew past the live
+# peak by 100-200 MB. Pages of a large region that nothing touched are not resident. A/B figures in
+# docs/memory.md; a module-level switch so that it can be measured again.
+ARENA_EXTEND_STRATEGY = 0
 
 
 def _use_shared_arena(session_options: ort.SessionOptions) -> None:
     """Register (once per process) a CPU arena in onnxruntime's environment and make the session use it."""
     if not _SHARED_ARENA:
         info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-        # max_mem 0 (no limit), arena_extend_strategy 1 (kSameAsRequested), default chunk sizes
-        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 1, -1, -1))
+        # max_mem 0 (no limit), ARENA_EXTEND_STRATEGY, default chunk sizes
+        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, ARENA_EXTEND_STRATEGY, -1, -1))
         _SHARED_ARENA.append(info)
     session_options.enable_cpu_mem_arena = True
     _set_default(session_options, "session.use_env_allocators", "1")
@@ -68,9 +74,9 @@ class OrtSession(Session):
         if session_options is None:
             session_options = ort.SessionOptions()
         if memory_arena:
-            # All of onnxtrain's sessions (train, optimizer, eval) share one arena that grows by what is asked
-            # for: no page faults on fresh memory every step, and no per-session arenas rounding up to powers
-            # of two (figures in BENCHMARKS.md, design history).
+            # All of onnxtrain's sessions (train, optimizer, eval) share one arena (see ARENA_EXTEND_STRATEGY for
+            # how it grows): no page faults on fresh memory every step, and no per-session arenas each rounding
+            # up on its own (figures in BENCHMARKS.md, design history).
             _use_shared_arena(session_options)
             # No memory pattern: with one, the second run allocates the whole plan as one block while the first
             # run's blocks stay in the arena, fragmented: 3 copies of the parameters more on a 22.6M-parameter
