@@ -48,6 +48,8 @@ class GeluBackward(Pass):
 
     def call(self, model: onnx.ModelProto) -> PassResult:
         graph = model.graph
+        if not any(n.op_type == "Erf" for n in graph.node):  # no erf GELU (most CNNs): skip the graph walks
+            return PassResult(model, False)
         forward = forward_nodes(graph.node, self.loss or graph.output[0].name)
         constants = {k: v for k, v in constant_values(graph).items() if v.size == 1}
         readers: dict[str, list[int]] = {}
