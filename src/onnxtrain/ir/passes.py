@@ -11,7 +11,8 @@ from google.protobuf.message import Message
 from onnx import numpy_helper
 
 __all__ = ["declare_as_inputs", "prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs",
-           "has_subgraphs", "ancestors", "fresh_name", "rename_values", "default_opset", "clone"]
+           "has_subgraphs", "ancestors", "producer_index", "reader_index", "fresh_name", "rename_values",
+           "default_opset", "clone"]
 
 M = TypeVar("M", bound=Message)
 
@@ -91,13 +92,28 @@ def used_names(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
+def producer_index(nodes: Iterable[onnx.NodeProto]) -> dict[str, int]:
+    """Value name -> the index of the node that computes it."""
+    return {o: k for k, n in enumerate(nodes) for o in n.output if o}
+
+
+def reader_index(reads: Iterable[Iterable[str]]) -> dict[str, list[int]]:
+    """Value name -> the indices of the nodes that read it, each node once, in order; ``reads`` gives each node's
+    inputs (``map(node_inputs, nodes)``, or lists already at hand)."""
+    readers: dict[str, list[int]] = {}
+    for k, xs in enumerate(reads):
+        for x in dict.fromkeys(xs):
+            readers.setdefault(x, []).append(k)
+    return readers
+
+
 def ancestors(nodes: Sequence[onnx.NodeProto], values: Iterable[str],
               producer: Mapping[str, int] | None = None) -> set[int]:
     """Indices of the nodes ``values`` are computed from, their producers included (through every input a node
     reads, its subgraphs' too). ``producer`` (value -> index of its node) can be given when it is at hand."""
     nodes = nodes if isinstance(nodes, list) else list(nodes)  # indexing a protobuf container costs more
     if producer is None:
-        producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+        producer = producer_index(nodes)
     seen: set[int] = set()
     stack = list(values)
     while stack:

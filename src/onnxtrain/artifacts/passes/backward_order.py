@@ -56,7 +56,16 @@ from onnxtrain.artifacts.passes.recompute import forward_nodes
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.errors import ArtifactError
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, constant_values, fresh_name, has_subgraphs, node_inputs, used_names
+from onnxtrain.ir.passes import (
+    clone,
+    constant_values,
+    fresh_name,
+    has_subgraphs,
+    node_inputs,
+    producer_index,
+    reader_index,
+    used_names,
+)
 
 __all__ = ["BackwardOrder"]
 
@@ -80,7 +89,7 @@ class BackwardOrder(Pass):
         graph = model.graph
         nodes = list(graph.node)
         forward = forward_nodes(nodes, self.loss or graph.output[0].name)
-        producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+        producer = producer_index(nodes)
         reads = [node_inputs(n) for n in nodes]
         read_by_backward = [producer[x] for k in range(len(nodes)) if k not in forward
                             for x in reads[k] if producer.get(x) in forward]
@@ -91,10 +100,7 @@ class BackwardOrder(Pass):
         early = {k for k in range(len(nodes)) if k not in forward and k not in chain}
         constants = constant_values(graph) | {i.name: None for i in graph.initializer}
         waits: dict[int, list[str]] = {}   # node -> the values it waits for
-        readers: dict[str, list[int]] = {}
-        for k, xs in enumerate(reads):
-            for x in xs:
-                readers.setdefault(x, []).append(k)
+        readers = reader_index(reads)
 
         for k in sorted(early):  # case 1
             node = nodes[k]

@@ -33,7 +33,16 @@ from onnx import helper, numpy_helper
 
 from onnxtrain.artifacts.passes.recompute import forward_nodes
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, constant_values, fresh_name, node_inputs, prune_nodes, used_names
+from onnxtrain.ir.passes import (
+    clone,
+    constant_values,
+    fresh_name,
+    node_inputs,
+    producer_index,
+    prune_nodes,
+    reader_index,
+    used_names,
+)
 
 __all__ = ["GeluBackward"]
 
@@ -52,11 +61,8 @@ class GeluBackward(Pass):
             return PassResult(model, False)
         forward = forward_nodes(graph.node, self.loss or graph.output[0].name)
         constants = {k: v for k, v in constant_values(graph).items() if v.size == 1}
-        readers: dict[str, list[int]] = {}
-        for k, n in enumerate(graph.node):
-            for x in set(node_inputs(n)):
-                readers.setdefault(x, []).append(k)
-        producer = {o: k for k, n in enumerate(graph.node) for o in n.output if o}
+        readers = reader_index(map(node_inputs, graph.node))
+        producer = producer_index(graph.node)
         outputs = {o.name for o in graph.output}
 
         rewrites = []  # (x, dtype, index of the backward's Add, dg)

@@ -27,7 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import ancestors, clone, fresh_name, has_subgraphs, implicit_inputs
+from onnxtrain.ir.passes import ancestors, clone, fresh_name, has_subgraphs, implicit_inputs, producer_index
 
 __all__ = ["ShapesInForward"]
 
@@ -43,7 +43,7 @@ class ShapesInForward(Pass):
     def call(self, model: onnx.ModelProto) -> PassResult:
         graph = model.graph
         nodes = list(graph.node)
-        made = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+        made = producer_index(nodes)
         forward = ancestors(nodes, [self.loss or graph.output[0].name], made)
         producer = {o: k for o, k in made.items() if k in forward}
         captured = {x for n in nodes if has_subgraphs(n) for x in implicit_inputs(n)}

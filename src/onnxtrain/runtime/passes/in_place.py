@@ -25,7 +25,7 @@ import onnx
 
 from onnxtrain.errors import PassError
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import ancestors, clone, prune_nodes
+from onnxtrain.ir.passes import ancestors, clone, producer_index, prune_nodes, reader_index
 
 __all__ = ["InPlaceUpdate"]
 
@@ -66,11 +66,8 @@ class InPlaceUpdate(Pass):
 
 def _check_aliases(nodes: Sequence[onnx.NodeProto], pairs: Sequence[tuple[str, str]]) -> None:
     """PassError unless every reader of each aliased input runs before (or is) the writer of its output."""
-    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
-    readers: dict[str, list[int]] = {}
-    for k, n in enumerate(nodes):
-        for x in n.input:
-            readers.setdefault(x, []).append(k)
+    producer = producer_index(nodes)
+    readers = reader_index(n.input for n in nodes)
     for x, out in pairs:
         before = ancestors(nodes, [out], producer)
         late = [k for k in readers.get(x, []) if k not in before]
