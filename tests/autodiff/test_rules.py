@@ -687,16 +687,21 @@ def test_max_pool_ties_go_to_the_first_maximum_as_in_torch(backend, attrs):
     np.testing.assert_allclose(got, xt.grad.numpy(), rtol=1e-6, atol=1e-6)
 
 
-def test_clip_gradient_at_the_bounds_follows_torch_clamp():
-    """Exactly on a bound the gradient passes (torch.clamp's convention); outside it is zero."""
+def test_clip_gradient_at_the_bounds_follows_torch_hardtanh():
+    """Exactly on a bound the gradient stops (torch's hardtanh and ReLU6, the usual sources of Clip): the mask
+    is read from the output alone, so Clip's input need not be kept for the backward."""
     torch = _t()
     from onnxtrain.autodiff.check import gradient_model, run_model
 
     x = np.array([[-1.0, -0.5, 0.0, 0.25, 0.5, 0.75]], dtype=np.float32)
     model = single_node_model("Clip", {"x": x}, constant_inputs={"lo": np.float32(-0.5), "hi": np.float32(0.5)})
     dy = np.arange(1, 7, dtype=np.float32).reshape(1, 6)
-    got = run_model(gradient_model(model, ["x"], {model.graph.output[0].name: dy}), {"x": x}, backend="ort")[1]
+    grads = gradient_model(model, ["x"], {model.graph.output[0].name: dy})
+    got = run_model(grads, {"x": x}, backend="ort")[1]
     xt = torch.tensor(x, requires_grad=True)
-    torch.clamp(xt, -0.5, 0.5).backward(torch.tensor(dy))
+    torch.nn.functional.hardtanh(xt, -0.5, 0.5).backward(torch.tensor(dy))
     np.testing.assert_array_equal(got, xt.grad.numpy())
-    np.testing.assert_array_equal(got, [[0, 2, 3, 4, 5, 0]])
+    np.testing.assert_array_equal(got, [[0, 0, 3, 4, 0, 0]])
+    clip = next(n for n in grads.graph.node if n.op_type == "Clip")
+    readers = [n.op_type for n in grads.graph.node if clip.input[0] in n.input and n is not clip]
+    assert readers == [], f"the backward reads Clip's input: {readers}"
