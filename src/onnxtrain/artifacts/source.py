@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxtrain.artifacts.foreign import annotate_reshape_ranks, detach_foreign_ops
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.ir.passes import clone, declare_as_inputs, default_opset, node_inputs
 
@@ -25,6 +26,8 @@ class SourceModel:
     model: onnx.ModelProto           # initializers removed (their names are in ``weights``)
     weights: dict[str, np.ndarray]
     opset: int
+    first_output: str = ""           # the source's first output, which built-in losses read by default
+    removed_outputs: dict[str, str] = field(default_factory=dict)  # outputs of non-default-domain ops: why
 
 
 def _read(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelProto, str | None]:
@@ -71,16 +74,15 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     proto = _split_sequences(proto, weights)
     if proto.graph.sparse_initializer:
         raise ValueError("sparse initializers are not supported; convert them to dense initializers first")
-    foreign = [f"{n.name or n.op_type} ({n.domain}::{n.op_type})" for n in proto.graph.node
-               if n.domain not in ("", "ai.onnx")]
-    if foreign:
-        raise ValueError(f"the model uses ops outside the default ONNX domain, which stock onnxruntime "
-                         f"artifacts cannot contain: {', '.join(foreign[:5])}")
+    first_output = proto.graph.output[0].name if proto.graph.output else ""
+    removed = detach_foreign_ops(proto)  # skl2onnx's ai.onnx.ml label and ZipMap outputs (artifacts/foreign.py)
     if opset < min_opset:
         proto = _upgrade(proto, weights)
         opset = MIN_OPSET
+    elif opset < 14:
+        annotate_reshape_ranks(proto, weights)
     _unalias_initializers(proto.graph, weights)
-    return SourceModel(proto, weights, opset)
+    return SourceModel(proto, weights, opset, first_output, removed)
 
 
 def _split_sequences(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:

@@ -1,0 +1,156 @@
+"""What other exporters write and a training graph cannot take as it is (docs/foreign-exporters.md).
+
+- ``detach_foreign_ops``: scikit-learn models converted by skl2onnx end in ``ai.onnx.ml`` ops (the class label
+  through ``ArrayFeatureExtractor``, probabilities as a ``ZipMap`` sequence of maps). No loss reads those outputs
+  and stock-onnxruntime artifacts may only hold default-domain ops, so the nodes outside the default domain and
+  everything computed from them are taken out; the outputs lost are remembered, so that a loss asked to read
+  one gets an error that names it and the output to use instead (``check_loss_inputs``).
+- ``annotate_reshape_ranks``: ONNX shape inference of Reshape before opset 14 ignores the length of a shape
+  computed at run time (tf2onnx's Tensordot and einsum write such shapes), so every value after it has no rank;
+  the rank is that length.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+
+from onnxtrain.ir.passes import clone, declare_as_inputs, node_inputs
+from onnxtrain.ir.types import FLOAT_TYPES, infer_tensor_info
+
+__all__ = ["detach_foreign_ops", "annotate_reshape_ranks", "check_loss_inputs"]
+
+_SKL2ONNX_HINT = ("for a scikit-learn model, convert it again with skl2onnx's convert_sklearn(..., options={id(model): "
+                  "{'zipmap': False}}, black_op={'LinearClassifier', 'LinearRegressor', 'Normalizer'}): its "
+                  "converters then write MatMul/Add/Softmax with the weights as initializers")
+
+
+def _describe(graph: onnx.GraphProto, name: str) -> str:
+    for vi in graph.output:
+        if vi.name == name:
+            tp = vi.type
+            if tp.HasField("sequence_type") and tp.sequence_type.elem_type.HasField("map_type"):
+                return "a sequence of maps"
+            if tp.HasField("tensor_type") and tp.tensor_type.elem_type not in FLOAT_TYPES:
+                elem = onnx.helper.tensor_dtype_to_string(tp.tensor_type.elem_type).removeprefix("TensorProto.")
+                return f"a {elem.lower()} tensor"
+    return "a value"
+
+
+def detach_foreign_ops(model: onnx.ModelProto) -> dict[str, str]:
+    """Remove, in place, every node outside the default domain and the nodes computed from them, with the graph
+    outputs they make. Returns ``{removed output: why}``; raises ValueError if no output is left."""
+    graph = model.graph
+    foreign = [n for n in graph.node if n.domain not in ("", "ai.onnx")]
+    if not foreign:
+        return {}
+    cause: dict[str, onnx.NodeProto] = {}  # value -> the foreign node it is computed from
+    kept = []
+    for node in graph.node:
+        source = node if node.domain not in ("", "ai.onnx") else next(
+            (cause[x] for x in node_inputs(node) if x in cause), None)
+        if source is None:
+            kept.append(node)
+        else:
+            cause.update((o, source) for o in node.output if o)
+    removed = {o.name: f"{_describe(graph, o.name)} made by {cause[o.name].domain}::{cause[o.name].op_type} "
+                       f"(node {cause[o.name].name!r})" for o in graph.output if o.name in cause}
+    if len(removed) == len(graph.output):
+        ops = sorted({f"{n.domain}::{n.op_type}" for n in foreign})
+        hint = f"; {_SKL2ONNX_HINT}" if any(n.domain == "ai.onnx.ml" for n in foreign) else ""
+        raise ValueError(f"every output of the model is computed by ops outside the default ONNX domain "
+                         f"({', '.join(ops)}), which have no gradient and cannot be in stock-onnxruntime "
+                         f"artifacts{hint}")
+    outputs = [o for o in graph.output if o.name not in removed]
+    del graph.node[:]
+    graph.node.extend(kept)
+    del graph.output[:]
+    graph.output.extend(outputs)
+    kept_domains = [op for op in model.opset_import if op.domain in ("", "ai.onnx")]
+    del model.opset_import[:]
+    model.opset_import.extend(kept_domains)
+    return removed
+
+
+def annotate_reshape_ranks(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> None:
+    """Declare, in place, the rank of each Reshape output that shape inference leaves unknown while the length
+    of its shape input is known (Reshape before opset 14)."""
+    reshapes = [n for n in model.graph.node if n.op_type == "Reshape" and n.input[1] not in weights]
+    if not reshapes:
+        return
+    declared = {vi.name for vi in model.graph.value_info}
+    for _ in range(len(reshapes)):  # a declared rank may make the next Reshape's shape length known
+        view = clone(model)
+        added = declare_as_inputs(view, weights)
+        view.graph.initializer.extend(onnx.numpy_helper.from_array(weights[n], n) for n in added
+                                      if weights[n].dtype.kind == "i" and weights[n].size <= 64)
+        infos = infer_tensor_info(view)
+        new = []
+        for node in reshapes:
+            out, shape = infos.get(node.output[0]), infos.get(node.input[1])
+            data = infos.get(node.input[0])
+            if (node.output[0] in declared or (out is not None and out.shape is not None) or data is None
+                    or shape is None or shape.static_shape is None or len(shape.static_shape) != 1):
+                continue
+            new.append(onnx.helper.make_tensor_value_info(node.output[0], data.elem_type,
+                                                          [None] * shape.static_shape[0]))
+            declared.add(node.output[0])
+        if not new:
+            return
+        model.graph.value_info.extend(new)
+
+
+def _softmax_input(graph: onnx.GraphProto, name: str) -> str | None:
+    """The input of the Softmax that ``name`` is (through Identity nodes), if any: the logits."""
+    producers = {o: n for n in graph.node for o in n.output}
+    node = producers.get(name)
+    while node is not None and node.op_type == "Identity":
+        node = producers.get(node.input[0])
+    return node.input[0] if node is not None and node.op_type == "Softmax" else None
+
+
+def check_loss_inputs(graph: onnx.GraphProto, removed: dict[str, str], loss_inputs: Sequence[str] | None,
+                      extras: Sequence[str], first_output: str, loss_name: str) -> None:
+    """Raise ValueError if the loss or ``extras`` would read an output ``detach_foreign_ops`` removed, or a loss
+    reads a non-float output; warn if a cross-entropy loss reads probabilities (a Softmax output).
+
+    ``first_output`` is the source model's first output (before any was removed), which built-in losses read
+    by default; ``loss_name`` is the loss's class name (or "" when the model's output is the loss).
+    """
+    infos = {vi.name: vi for vi in graph.output}
+    floats = [o.name for o in graph.output
+              if o.type.HasField("tensor_type") and o.type.tensor_type.elem_type in FLOAT_TYPES]
+
+    def instead() -> str:
+        logits = [(f, _softmax_input(graph, f)) for f in floats]
+        text = f"the model's floating-point outputs are {floats}" if floats else "the model has no float output"
+        for probs, z in logits:
+            if z is not None:
+                text += (f"; {probs!r} is a Softmax of {z!r}: for a cross-entropy loss pass "
+                         f"loss_input_names=[{z!r}] (the logits)")
+        return text
+
+    asked = list(loss_inputs) if loss_inputs else ([first_output] if loss_name else [])
+    for name in asked:
+        default = "" if loss_inputs else " (a built-in loss reads the model's first output unless loss_input_names " \
+                                         "says otherwise)"
+        if name in removed:
+            raise ValueError(f"{loss_name or 'the loss'} cannot read {name!r}{default}: it is {removed[name]}, "
+                             f"which no loss can read and stock-onnxruntime artifacts cannot contain; {instead()}")
+        vi = infos.get(name)
+        if (vi is not None and vi.type.HasField("tensor_type")
+                and vi.type.tensor_type.elem_type not in FLOAT_TYPES and loss_name):
+            raise ValueError(f"{loss_name} cannot read {name!r}{default}: it is {_describe(graph, name)}, not "
+                             f"floating-point scores; {instead()}")
+        logits = _softmax_input(graph, name)
+        if loss_name == "CrossEntropyLoss" and logits is not None:
+            warnings.warn(f"CrossEntropyLoss reads {name!r}, the output of a Softmax: the loss applies its own "
+                          f"softmax, so it would train on probabilities as if they were logits; pass "
+                          f"loss_input_names=[{logits!r}] (the Softmax's input)", stacklevel=3)
+    for name in extras:
+        if name in removed:
+            raise ValueError(f"additional_output_names: {name!r} is {removed[name]}, which stock-onnxruntime "
+                             f"artifacts cannot contain; compute it from {floats} after the step instead")
