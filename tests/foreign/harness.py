@@ -82,7 +82,7 @@ def finite_difference_errors(run: Trained, feeds: list[np.ndarray], per_paramete
     ``backend="reference"``: the training graph's gradients in float64 on onnx.reference, tolerance
     1e-8 + 1e-6 |difference| + 1e-6 max|gradient|. ``backend="ort"`` (for a Loop with scan outputs, which
     onnx.reference's Loop concatenates instead of stacking, (T*N, H) for (T, N, H); onnxruntime has no float64
-    OneHot for the training graph): the float32 gradients of the Module on onnxruntime, tolerance 1e-4 times
+    OneHot for the training graph): the float32 gradients of the Module on onnxruntime, tolerance 100 times
     as large.
     """
     training, evaluation = onnx.load(run.paths["training"]), onnx.load(run.paths["eval"])
@@ -96,7 +96,7 @@ def finite_difference_errors(run: Trained, feeds: list[np.ndarray], per_paramete
 
     if backend == "ort":
         analytic = {n: wide(g) for n, g in run.gradients(*feeds)[1].items()}
-        rtol = 1e-2
+        rtol = 1e-4
     else:
         grads_in = {grad_buffer_name(n): np.zeros_like(params[n]) for n in run.trainable}
         feeds_in = bind(training, {**params, **grads_in, LAZY_RESET_GRAD: np.array(True)})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -21,7 +22,7 @@ import onnx
 from onnxtrain.ir.passes import clone, declare_as_inputs, node_inputs
 from onnxtrain.ir.types import FLOAT_TYPES, infer_tensor_info
 
-__all__ = ["detach_foreign_ops", "annotate_reshape_ranks", "check_loss_inputs"]
+__all__ = ["Detached", "detach_foreign_ops", "annotate_reshape_ranks", "check_loss_inputs"]
 
 _SKL2ONNX_HINT = ("for a scikit-learn model, convert it again with skl2onnx's convert_sklearn(..., options={id(model): "
                   "{'zipmap': False}}, black_op={'LinearClassifier', 'LinearRegressor', 'Normalizer'}): its "
@@ -36,17 +37,28 @@ def _describe(graph: onnx.GraphProto, name: str) -> str:
                 return "a sequence of maps"
             if tp.HasField("tensor_type") and tp.tensor_type.elem_type not in FLOAT_TYPES:
                 elem = onnx.helper.tensor_dtype_to_string(tp.tensor_type.elem_type).removeprefix("TensorProto.")
-                return f"a {elem.lower()} tensor"
+                elem = elem.lower()
+                return f"{'an' if elem[0] in 'aeiou' else 'a'} {elem} tensor"
     return "a value"
 
 
-def detach_foreign_ops(model: onnx.ModelProto) -> dict[str, str]:
+@dataclass
+class Detached:
+    """What ``detach_foreign_ops`` took out: ``{graph output: why}``, and the float values the removed nodes read
+    (e.g. the probabilities tensor a ZipMap reads), which a loss can read instead."""
+
+    outputs: dict[str, str] = field(default_factory=dict)
+    read: list[str] = field(default_factory=list)
+
+
+def detach_foreign_ops(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> Detached:
     """Remove, in place, every node outside the default domain and the nodes computed from them, with the graph
-    outputs they make. Returns ``{removed output: why}``; raises ValueError if no output is left."""
+    outputs they make. Raises ValueError if no output is left and no float value computed by default-domain
+    ops feeds the removed nodes (nothing a loss could read: e.g. a LinearClassifier on the model's input)."""
     graph = model.graph
     foreign = [n for n in graph.node if n.domain not in ("", "ai.onnx")]
     if not foreign:
-        return {}
+        return Detached()
     cause: dict[str, onnx.NodeProto] = {}  # value -> the foreign node it is computed from
     kept = []
     for node in graph.node:
@@ -58,7 +70,15 @@ def detach_foreign_ops(model: onnx.ModelProto) -> dict[str, str]:
             cause.update((o, source) for o in node.output if o)
     removed = {o.name: f"{_describe(graph, o.name)} made by {cause[o.name].domain}::{cause[o.name].op_type} "
                        f"(node {cause[o.name].name!r})" for o in graph.output if o.name in cause}
-    if len(removed) == len(graph.output):
+    made_by_kept = {o for n in kept for o in n.output}
+    removed_nodes = [n for n in graph.node if any(o in cause for o in n.output)]
+    read = list(dict.fromkeys(x for n in removed_nodes for x in node_inputs(n) if x in made_by_kept))
+    if read:
+        view = clone(model)
+        declare_as_inputs(view, weights)
+        infos = infer_tensor_info(view)
+        read = [x for x in read if x in infos and infos[x].is_float]
+    if len(removed) == len(graph.output) and not read:
         ops = sorted({f"{n.domain}::{n.op_type}" for n in foreign})
         hint = f"; {_SKL2ONNX_HINT}" if any(n.domain == "ai.onnx.ml" for n in foreign) else ""
         raise ValueError(f"every output of the model is computed by ops outside the default ONNX domain "
@@ -72,7 +92,7 @@ def detach_foreign_ops(model: onnx.ModelProto) -> dict[str, str]:
     kept_domains = [op for op in model.opset_import if op.domain in ("", "ai.onnx")]
     del model.opset_import[:]
     model.opset_import.extend(kept_domains)
-    return removed
+    return Detached(removed, read)
 
 
 def annotate_reshape_ranks(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> None:
@@ -112,7 +132,7 @@ def _softmax_input(graph: onnx.GraphProto, name: str) -> str | None:
     return node.input[0] if node is not None and node.op_type == "Softmax" else None
 
 
-def check_loss_inputs(graph: onnx.GraphProto, removed: dict[str, str], loss_inputs: Sequence[str] | None,
+def check_loss_inputs(graph: onnx.GraphProto, detached: Detached, loss_inputs: Sequence[str] | None,
                       extras: Sequence[str], first_output: str, loss_name: str) -> None:
     """Raise ValueError if the loss or ``extras`` would read an output ``detach_foreign_ops`` removed, or a loss
     reads a non-float output; warn if a cross-entropy loss reads probabilities (a Softmax output).
@@ -120,13 +140,16 @@ def check_loss_inputs(graph: onnx.GraphProto, removed: dict[str, str], loss_inpu
     ``first_output`` is the source model's first output (before any was removed), which built-in losses read
     by default; ``loss_name`` is the loss's class name (or "" when the model's output is the loss).
     """
+    removed = detached.outputs
     infos = {vi.name: vi for vi in graph.output}
     floats = [o.name for o in graph.output
               if o.type.HasField("tensor_type") and o.type.tensor_type.elem_type in FLOAT_TYPES]
+    floats += [x for x in detached.read if x not in floats]
 
     def instead() -> str:
         logits = [(f, _softmax_input(graph, f)) for f in floats]
-        text = f"the model's floating-point outputs are {floats}" if floats else "the model has no float output"
+        text = (f"the model's floating-point outputs (or values the removed ops read) are {floats}" if floats
+                else "the model has no float output")
         for probs, z in logits:
             if z is not None:
                 text += (f"; {probs!r} is a Softmax of {z!r}: for a cross-entropy loss pass "

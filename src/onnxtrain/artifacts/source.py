@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxtrain.artifacts.foreign import annotate_reshape_ranks, detach_foreign_ops
+from onnxtrain.artifacts.foreign import Detached, annotate_reshape_ranks, detach_foreign_ops
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.ir.passes import clone, declare_as_inputs, default_opset, node_inputs
 
@@ -27,7 +27,7 @@ class SourceModel:
     weights: dict[str, np.ndarray]
     opset: int
     first_output: str = ""           # the source's first output, which built-in losses read by default
-    removed_outputs: dict[str, str] = field(default_factory=dict)  # outputs of non-default-domain ops: why
+    detached: Detached = field(default_factory=Detached)  # what non-default-domain ops computed (foreign.py)
 
 
 def _read(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelProto, str | None]:
@@ -75,14 +75,14 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     if proto.graph.sparse_initializer:
         raise ValueError("sparse initializers are not supported; convert them to dense initializers first")
     first_output = proto.graph.output[0].name if proto.graph.output else ""
-    removed = detach_foreign_ops(proto)  # skl2onnx's ai.onnx.ml label and ZipMap outputs (artifacts/foreign.py)
+    detached = detach_foreign_ops(proto, weights)  # skl2onnx's ai.onnx.ml label and ZipMap outputs (artifacts/foreign.py)
     if opset < min_opset:
         proto = _upgrade(proto, weights)
         opset = MIN_OPSET
     elif opset < 14:
         annotate_reshape_ranks(proto, weights)
     _unalias_initializers(proto.graph, weights)
-    return SourceModel(proto, weights, opset, first_output, removed)
+    return SourceModel(proto, weights, opset, first_output, detached)
 
 
 def _split_sequences(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
