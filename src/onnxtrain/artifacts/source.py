@@ -164,7 +164,12 @@ def _upgrade(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.Mod
     proto.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in weights.items())
     _drop_unused_saved_statistics(proto.graph)
     try:
-        proto = version_converter.convert_version(proto, MIN_OPSET)
+        try:
+            proto = version_converter.convert_version(proto, MIN_OPSET)
+        except RuntimeError as exc:
+            if "is a param instead of an int" not in str(exc):
+                raise
+            proto = _convert_with_pinned_dims(proto)
     except Exception as exc:
         raise ValueError(f"cannot convert the model to opset {MIN_OPSET} (onnxtrain needs at least "
                          f"{MIN_OPSET}): {exc}") from None
@@ -176,3 +181,28 @@ def _upgrade(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.Mod
     weights.update({i.name: numpy_helper.to_array(i) for i in proto.graph.initializer})
     del proto.graph.initializer[:]
     return proto
+
+
+def _convert_with_pinned_dims(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Convert with the symbolic dimensions of the inputs and outputs set to 1, then give them back: some of the
+    converter's adapters (Gemm 6 -> 7, which drops ``broadcast``) check shapes and refuse a dynamic batch axis,
+    though the converted node does not depend on it."""
+    from onnx import version_converter
+
+    pinned = onnx.ModelProto()
+    pinned.CopyFrom(proto)
+    del pinned.graph.value_info[:]
+    symbolic = {}
+    for vi in [*pinned.graph.input, *pinned.graph.output]:
+        for k, dim in enumerate(vi.type.tensor_type.shape.dim):
+            if not dim.HasField("dim_value"):
+                symbolic[vi.name, k] = onnx.TensorShapeProto.Dimension()
+                symbolic[vi.name, k].CopyFrom(dim)
+                dim.dim_value = 1
+    converted = version_converter.convert_version(pinned, MIN_OPSET)
+    del converted.graph.value_info[:]
+    for vi in [*converted.graph.input, *converted.graph.output]:
+        for k, dim in enumerate(vi.type.tensor_type.shape.dim):
+            if (vi.name, k) in symbolic:
+                dim.CopyFrom(symbolic[vi.name, k])
+    return converted
