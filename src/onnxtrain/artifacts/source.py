@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -27,7 +28,7 @@ class SourceModel:
     weights: dict[str, np.ndarray]
     opset: int
     first_output: str = ""           # the source's first output, which built-in losses read by default
-    detached: Detached = field(default_factory=Detached)  # what non-default-domain ops computed (foreign.py)
+    detached: Detached = dataclasses.field(default_factory=Detached)  # outputs of ai.onnx.ml ops (foreign.py)
 
 
 def _read(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelProto, str | None]:
@@ -75,7 +76,7 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     if proto.graph.sparse_initializer:
         raise ValueError("sparse initializers are not supported; convert them to dense initializers first")
     first_output = proto.graph.output[0].name if proto.graph.output else ""
-    detached = detach_foreign_ops(proto, weights)  # skl2onnx's ai.onnx.ml label and ZipMap outputs (artifacts/foreign.py)
+    detached = detach_foreign_ops(proto, weights)  # skl2onnx's ai.onnx.ml label and ZipMap (foreign.py)
     if opset < min_opset:
         proto = _upgrade(proto, weights)
         opset = MIN_OPSET
