@@ -120,3 +120,20 @@ def test_cross_entropy_on_a_softmax_head_warns_and_names_the_logits(tmp_path):
     logits = _softmax_input(onnx.load(path))
     with pytest.warns(UserWarning, match=rf"'probs', the output of a Softmax.*loss_input_names=\['{logits}'\]"):
         Trained(str(path), tmp_path, LossType.CrossEntropyLoss)
+
+
+def test_head_only_fine_tuning_with_trainable_ops(tmp_path):
+    """trainable_ops=2 (the last MatMul and Add: the Dense head) as an Android transfer-learning app does; the
+    convolutions stay frozen, and the exported model equals Keras's except for the head."""
+    path = DATA / "keras_mobilenet_op17.onnx"
+    ref = np.load(DATA / "keras_mobilenet_op17.npz")
+    run = Trained(str(path), tmp_path, LossType.CrossEntropyLoss, trainable_ops=2)
+    source = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
+    head = {n.input[1] for n in onnx.load(path).graph.node[-2:]}
+    assert set(run.trainable) == head & set(source)
+    frozen = [n for n, p in run.state.parameters if not p.requires_grad]
+    assert frozen and all(w.ndim == 4 for w in map(source.get, frozen) if w.ndim > 1)
+    run.train(3, ref["x"], ref["y"])
+    for name in frozen:
+        np.testing.assert_array_equal(run.state.parameters[name].data, source[name])
+    assert any(not np.array_equal(run.state.parameters[n].data, source[n]) for n in run.trainable)
