@@ -155,13 +155,29 @@ def test_mlp_regressor_trains_with_mse(tmp_path, digits):
     assert losses[-1] < losses[0]
 
 
-def test_linear_models_need_default_domain_ops(tmp_path, digits):
+def test_logistic_regression_trains_as_converted_and_trees_are_refused(tmp_path, digits):
+    """skl2onnx's default LogisticRegression (LinearClassifier, Normalizer, ZipMap) is rewritten in the default
+    domain (artifacts/ml_ops.py); the error for its label output names the logits that then train."""
     x, y, x_new, y_new = digits
     clf = _fit(LogisticRegression(max_iter=50), x, y)
-    with pytest.raises(ValueError, match=r"every output .*ai\.onnx\.ml::LinearClassifier.*black_op="):
-        Trained(_convert(clf, zipmap=False), tmp_path, LossType.CrossEntropyLoss)
-    model = _convert(clf, zipmap=False, black_op=LINEAR_OPS)  # what the error says: MatMul, Add, Softmax
-    run = Trained(model, tmp_path / "ok", LossType.CrossEntropyLoss, loss_input_names=[_logits(model)])
-    assert sorted(run.trainable) == ["coef", "intercept"]
+    with pytest.raises(ValueError, match=r"'output_label'.*'probabilities' is a Softmax of '(.*)'.*"
+                                         r"loss_input_names=\['LinearClassifier/Gemm'\]") as error:
+        Trained(_convert(clf), tmp_path, LossType.CrossEntropyLoss)
+    run = Trained(_convert(clf), tmp_path / "ok", LossType.CrossEntropyLoss,
+                  loss_input_names=["LinearClassifier/Gemm"])
+    assert "LinearClassifier/Gemm" in str(error.value)
+    assert sorted(run.trainable) == ["LinearClassifier.coefficients", "LinearClassifier.intercepts"]
     errors = finite_difference_errors(run, [x_new, y_new])
     assert max(errors.values()) <= 1.0, errors
+    losses = run.train(5, x_new, y_new)
+    assert losses[-1] < losses[0]
+    # the same model converted with black_op: skl2onnx's own MatMul/Add, initializers coef and intercept
+    model = _convert(clf, zipmap=False, black_op=LINEAR_OPS)
+    run = Trained(model, tmp_path / "black_op", LossType.CrossEntropyLoss, loss_input_names=[_logits(model)])
+    assert sorted(run.trainable) == ["coef", "intercept"]
+
+    from sklearn.tree import DecisionTreeClassifier
+
+    tree = _fit(DecisionTreeClassifier(max_depth=3), x, y)
+    with pytest.raises(ValueError, match=r"every output .*ml::TreeEnsembleClassifier.*tree ensembles.*no gradient"):
+        Trained(_convert(tree, zipmap=False), tmp_path / "tree", LossType.CrossEntropyLoss)

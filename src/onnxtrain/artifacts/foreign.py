@@ -1,8 +1,9 @@
 """What other exporters write and a training graph cannot take as it is (docs/foreign-exporters.md).
 
-- ``detach_foreign_ops``: scikit-learn models converted by skl2onnx end in ``ai.onnx.ml`` ops (the class label
-  through ``ArrayFeatureExtractor``, probabilities as a ``ZipMap`` sequence of maps). No loss reads those outputs
-  and stock-onnxruntime artifacts may only hold default-domain ops, so the nodes outside the default domain and
+- ``detach_foreign_ops``: after ``ml_ops.lower_ml_ops`` has rewritten linear models and scalers, scikit-learn
+  models converted by skl2onnx still end in ``ai.onnx.ml`` ops (the class label through
+  ``ArrayFeatureExtractor``, probabilities as a ``ZipMap`` sequence of maps). No loss reads those outputs and
+  stock-onnxruntime artifacts may only hold default-domain ops, so the nodes outside the default domain and
   everything computed from them are taken out; the outputs lost are remembered, so that a loss asked to read
   one gets an error that names it and the output to use instead (``check_loss_inputs``).
 - ``annotate_reshape_ranks``: ONNX shape inference of Reshape before opset 14 ignores the length of a shape
@@ -19,14 +20,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from onnxtrain.artifacts.ml_ops import lower_ml_ops
 from onnxtrain.ir.passes import clone, declare_as_inputs, node_inputs
 from onnxtrain.ir.types import FLOAT_TYPES, infer_tensor_info
 
 __all__ = ["Detached", "detach_foreign_ops", "annotate_reshape_ranks", "check_loss_inputs"]
 
-_SKL2ONNX_HINT = ("for a scikit-learn model, convert it again with skl2onnx's convert_sklearn(..., options={id(model): "
-                  "{'zipmap': False}}, black_op={'LinearClassifier', 'LinearRegressor', 'Normalizer'}): its "
-                  "converters then write MatMul/Add/Softmax with the weights as initializers")
+_SKL2ONNX_HINT = ("onnxtrain rewrites scikit-learn's linear models and scalers (LinearClassifier, LinearRegressor, "
+                  "Scaler, Normalizer) as default-domain ops; tree ensembles, SVMs and other ai.onnx.ml ops have no "
+                  "gradient to train, so only a model whose trainable part is written with default-domain ops "
+                  "(an MLP, a linear model) can be fine-tuned")
 
 
 def _describe(graph: onnx.GraphProto, name: str) -> str:
@@ -55,9 +58,11 @@ def detach_foreign_ops(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -
     """Remove, in place, every node outside the default domain and the nodes computed from them, with the graph
     outputs they make. Raises ValueError if no output is left and no float value computed by default-domain
     ops feeds the removed nodes (nothing a loss could read: e.g. a LinearClassifier on the model's input)."""
+    lower_ml_ops(model, weights)  # linear models and scalers: default-domain ops that train (ml_ops.py)
     graph = model.graph
     foreign = [n for n in graph.node if n.domain not in ("", "ai.onnx")]
     if not foreign:
+        _default_domain_only(model)
         return Detached()
     cause: dict[str, onnx.NodeProto] = {}  # value -> the foreign node it is computed from
     kept = []
@@ -89,10 +94,15 @@ def detach_foreign_ops(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -
     graph.node.extend(kept)
     del graph.output[:]
     graph.output.extend(outputs)
-    kept_domains = [op for op in model.opset_import if op.domain in ("", "ai.onnx")]
-    del model.opset_import[:]
-    model.opset_import.extend(kept_domains)
+    _default_domain_only(model)
     return Detached(removed, read)
+
+
+def _default_domain_only(model: onnx.ModelProto) -> None:
+    kept = [op for op in model.opset_import if op.domain in ("", "ai.onnx")]
+    if len(kept) != len(model.opset_import):
+        del model.opset_import[:]
+        model.opset_import.extend(kept)
 
 
 def annotate_reshape_ranks(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> None:
