@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import warnings
 
 import numpy as np
@@ -103,6 +104,18 @@ def transformer() -> keras.Model:
     return keras.Model(inp, layers.Dense(2, name="regression")(x))
 
 
+def two_heads() -> keras.Model:
+    """Two inputs and two outputs, as a functional Keras model has them: an NHWC image through a conv and
+    global max pooling, a token sequence through Conv1D (tf2onnx: Unsqueeze, Conv, Squeeze) and global max
+    pooling over time; a classification head (logits) and a regression head."""
+    image = keras.Input((8, 8, 1), name="image")
+    tokens = keras.Input((10, 4), name="series")
+    a = layers.GlobalMaxPooling2D()(layers.Conv2D(4, 3, activation="tanh")(image))
+    b = layers.GlobalMaxPooling1D()(layers.Conv1D(4, 3, padding="causal", activation="relu")(tokens))
+    h = layers.Dense(8, activation="elu")(layers.Concatenate()([a, b]))
+    return keras.Model([image, tokens], [layers.Dense(3, name="label")(h), layers.Dense(1, name="score")(h)])
+
+
 # name: (builder, input maker, loss kind, number of classes or outputs)
 MODELS = {
     "keras_mobilenet": (mobilenet, lambda r: r.standard_normal((4, 12, 12, 3)), "ce", 5),
@@ -110,10 +123,14 @@ MODELS = {
     "keras_lstm": (lambda: recurrent(layers.LSTM), lambda r: r.integers(0, 20, (4, 7)), "ce", 3),
     "keras_gru": (lambda: recurrent(layers.GRU), lambda r: r.integers(0, 20, (4, 7)), "ce", 3),
     "keras_transformer": (transformer, lambda r: r.standard_normal((3, 6, 8)), "mse", 2),
+    "keras_two_heads": (two_heads, lambda r: [r.standard_normal((4, 8, 8, 1)), r.standard_normal((4, 10, 4))],
+                        "ce+mse", 3),
 }
 
 
 def _loss(kind: str, out, y):
+    if kind == "ce+mse":  # CrossEntropyLoss on the first output plus MSELoss on the second (target: the labels)
+        return _loss("ce", out[0], y) + _loss("mse", out[1], tf.cast(y[:, None], tf.float32))
     if kind == "ce":  # CrossEntropyLoss on logits
         return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, out, from_logits=True))
     if kind == "nll":  # probabilities: the loss of Keras's from_logits=False, -log p[y]
@@ -138,9 +155,12 @@ def make(name: str) -> None:
     model = build()
     _randomize(model, seed=len(name))
     rng = np.random.default_rng(1)
-    x = make_input(rng)
-    x = x.astype(np.int32 if x.dtype.kind == "i" else np.float32)
-    y = rng.integers(0, n, len(x)).astype(np.int64) if kind != "mse" else rng.standard_normal((len(x), n)).astype(
+    made = make_input(rng)
+    cast = lambda a: a.astype(np.int32 if a.dtype.kind == "i" else np.float32)  # noqa: E731
+    xs = [cast(a) for a in made] if isinstance(made, list) else None
+    x = xs if xs is not None else cast(made)
+    batch = len(x if xs is None else xs[0])
+    y = rng.integers(0, n, batch).astype(np.int64) if kind != "mse" else rng.standard_normal((batch, n)).astype(
         np.float32)
     variables = model.trainable_variables
     with tf.GradientTape() as tape:
@@ -150,9 +170,14 @@ def make(name: str) -> None:
              for g in tape.gradient(loss, variables)]
     values = [v.numpy() for v in variables]
     for opset in OPSETS:
-        spec = (tf.TensorSpec((None, *model.input.shape[1:]), model.input.dtype, name=model.input.name),)
+        spec = tuple(tf.TensorSpec((None, *i.shape[1:]), i.dtype, name=i.name) for i in model.inputs)
         proto, _ = tf2onnx.convert.from_keras(model, input_signature=spec, opset=opset)
-        data = {"x": x, "y": y, "output": out.numpy(), "loss": np.float64(loss.numpy())}
+        if xs is None:
+            data = {"x": x, "y": y, "output": out.numpy(), "loss": np.float64(loss.numpy())}
+        else:  # x0, x1, ... and output0, output1, ...
+            data = {"y": y, "loss": np.float64(loss.numpy())}
+            data.update({f"x{k}": a for k, a in enumerate(xs)})
+            data.update({f"output{k}": o.numpy() for k, o in enumerate(out)})
         for init in proto.graph.initializer:
             value = numpy_helper.to_array(init)
             if value.dtype != np.float32 or value.size < 2:
@@ -171,5 +196,5 @@ def make(name: str) -> None:
 
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
-    for model_name in MODELS:
+    for model_name in sys.argv[1:] or MODELS:
         make(model_name)
