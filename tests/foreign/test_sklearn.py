@@ -111,6 +111,17 @@ def test_loss_on_the_label_output_names_it_and_the_logits(tmp_path, digits):
                 additional_output_names=["label"])
     with pytest.warns(UserWarning, match=rf"'probabilities', the output of a Softmax.*\['{re.escape(logits)}'\]"):
         Trained(model, tmp_path, LossType.CrossEntropyLoss, loss_input_names=["probabilities"])
+    # a custom block reads every output: it would get one fewer than the file has
+    with pytest.raises(ValueError, match=r"NLLLossOfProbabilities reads every output of the model, and \['label'\] "
+                                         r"cannot be read.*pass loss_input_names"):
+        Trained(model, tmp_path, NLLLossOfProbabilities())
+    with pytest.raises(ValueError, match=r"cannot read 'label' \(the model's first output is the loss\)"):
+        Trained(model, tmp_path, None)
+
+
+class NLLLossOfProbabilities(blocks.Block):
+    def build(self, probabilities):
+        return blocks.NLLLoss()(blocks.Log()(probabilities))
 
 
 def test_zipmap_and_string_labels_name_the_output_to_use(tmp_path, digits):

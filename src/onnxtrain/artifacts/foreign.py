@@ -143,12 +143,13 @@ def _softmax_input(graph: onnx.GraphProto, name: str) -> str | None:
 
 
 def check_loss_inputs(graph: onnx.GraphProto, detached: Detached, loss_inputs: Sequence[str] | None,
-                      extras: Sequence[str], first_output: str, loss_name: str) -> None:
+                      extras: Sequence[str], first_output: str, loss_name: str, all_outputs: bool = False) -> None:
     """Raise ValueError if the loss or ``extras`` would read an output ``detach_foreign_ops`` removed, or a loss
     reads a non-float output; warn if a cross-entropy loss reads probabilities (a Softmax output).
 
-    ``first_output`` is the source model's first output (before any was removed), which built-in losses read
-    by default; ``loss_name`` is the loss's class name (or "" when the model's output is the loss).
+    ``first_output`` is the source model's first output (before any was removed), which built-in losses read by
+    default; ``loss_name`` is the loss's class name ("" when the model's first output is the loss);
+    ``all_outputs``: the loss (a custom block) reads every output of the model unless ``loss_inputs`` is given.
     """
     removed = detached.outputs
     infos = {vi.name: vi for vi in graph.output}
@@ -166,10 +167,14 @@ def check_loss_inputs(graph: onnx.GraphProto, detached: Detached, loss_inputs: S
                          f"loss_input_names=[{z!r}] (the logits)")
         return text
 
-    asked = list(loss_inputs) if loss_inputs else ([first_output] if loss_name else [])
+    if all_outputs and not loss_inputs and removed:
+        raise ValueError(f"{loss_name} reads every output of the model, and {sorted(removed)} cannot be read: "
+                         f"{'; '.join(f'{k!r} is {v}' for k, v in removed.items())}; pass loss_input_names with the "
+                         f"values it reads: {instead()}")
+    asked = list(loss_inputs) if loss_inputs else [first_output]
+    default = "" if loss_inputs else (" (a built-in loss reads the model's first output unless loss_input_names "
+                                      "says otherwise)" if loss_name else " (the model's first output is the loss)")
     for name in asked:
-        default = "" if loss_inputs else " (a built-in loss reads the model's first output unless loss_input_names " \
-                                         "says otherwise)"
         if name in removed:
             raise ValueError(f"{loss_name or 'the loss'} cannot read {name!r}{default}: it is {removed[name]}, "
                              f"which no loss can read and stock-onnxruntime artifacts cannot contain; {instead()}")

@@ -162,7 +162,7 @@ def generate_artifacts(
 
     source = load_source_model(model)
     check_loss_inputs(source.model.graph, source.detached, loss_input_names, additional_output_names or [],
-                      source.first_output, type(loss_block).__name__ if loss is not None else "")
+                      source.first_output, type(loss_block).__name__ if loss is not None else "", all_outputs)
     requires_grad, trainable_ops = _flatbuffer_operators(source.model, requires_grad, trainable_ops)
     with StagedFiles() as files:  # nothing replaces an existing artifact unless every one was built
         try:  # at the model's own opset, as the peer; some gradients need ops of newer opsets
