@@ -192,3 +192,4 @@ def test_logistic_regression_trains_as_converted_and_trees_are_refused(tmp_path,
     tree = _fit(DecisionTreeClassifier(max_depth=3), x, y)
     with pytest.raises(ValueError, match=r"every output .*ml::TreeEnsembleClassifier.*tree ensembles.*no gradient"):
         Trained(_convert(tree, zipmap=False), tmp_path / "tree", LossType.CrossEntropyLoss)
+
