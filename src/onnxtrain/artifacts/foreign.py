@@ -112,31 +112,29 @@ def _default_domain_only(model: onnx.ModelProto) -> None:
 
 
 def annotate_reshape_ranks(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> None:
-    """Declare, in place, the rank of each Reshape output that shape inference leaves unknown while the length
-    of its shape input is known (Reshape before opset 14)."""
+    """Declare, in place, the rank of each Reshape output that shape inference leaves unknown before opset 14.
+
+    The ranks come from inferring the graph once more as if it were opset 14 (whose Reshape inference reads the
+    length of the shape input): one pass, where declaring the ranks one Reshape at a time would take one pass per
+    Reshape along a chain (each Tensordot's shape is computed from the previous one's output)."""
     reshapes = [n for n in model.graph.node if n.op_type == "Reshape" and n.input[1] not in weights]
     if not reshapes:
         return
-    declared = {vi.name for vi in model.graph.value_info}
-    for _ in range(len(reshapes)):  # a declared rank may make the next Reshape's shape length known
-        view = clone(model)
-        added = declare_as_inputs(view, weights)
-        view.graph.initializer.extend(onnx.numpy_helper.from_array(weights[n], n) for n in added
-                                      if weights[n].dtype.kind == "i" and weights[n].size <= 64)
-        infos = infer_tensor_info(view)
-        new = []
-        for node in reshapes:
-            out, shape = infos.get(node.output[0]), infos.get(node.input[1])
-            data = infos.get(node.input[0])
-            if (node.output[0] in declared or (out is not None and out.shape is not None) or data is None
-                    or shape is None or shape.static_shape is None or len(shape.static_shape) != 1):
-                continue
-            new.append(onnx.helper.make_tensor_value_info(node.output[0], data.elem_type,
-                                                          [None] * shape.static_shape[0]))
-            declared.add(node.output[0])
-        if not new:
-            return
-        model.graph.value_info.extend(new)
+    view = clone(model)
+    added = declare_as_inputs(view, weights)
+    view.graph.initializer.extend(onnx.numpy_helper.from_array(weights[n], n) for n in added
+                                  if weights[n].dtype.kind == "i" and weights[n].size <= 64)
+    infos = infer_tensor_info(view)
+    unknown = [n.output[0] for n in reshapes if infos.get(n.output[0]) is None or infos[n.output[0]].shape is None]
+    if not unknown:
+        return
+    for opset in view.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            opset.version = max(opset.version, 14)
+    infos = infer_tensor_info(view)
+    model.graph.value_info.extend(onnx.helper.make_tensor_value_info(name, infos[name].elem_type,
+                                                                     [None] * len(infos[name].shape))
+                                  for name in unknown if name in infos and infos[name].shape is not None)
 
 
 def _softmax_input(graph: onnx.GraphProto, name: str) -> str | None:
