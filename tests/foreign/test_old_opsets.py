@@ -1,8 +1,8 @@
 """Models as the ONNX Model Zoo has them (opsets 6-7, IR version 3): BatchNormalization with ``spatial``,
 Upsample with a ``scales`` attribute, Slice and Pad with attributes, Dropout with a ``ratio`` attribute, Gemm
-with ``broadcast``, and every initializer also listed as a graph input. generate_artifacts converts them to
-opset 17; gradients by finite differences, training at two batch sizes, and the exported model against the
-original on onnxruntime.
+with ``broadcast``, and every initializer also listed as a graph input; and torch exports at opsets 9-11.
+generate_artifacts converts them to opset 17; gradients by finite differences (and against torch), training at
+two batch sizes, and the exported model against the original.
 """
 
 from __future__ import annotations
@@ -95,3 +95,57 @@ def test_old_opset_model_converts_trains_and_exports(tmp_path, name):
     losses = run.train(5, x, y)
     assert losses[-1] < losses[0], losses
     run.train(1, x[:2], y[:2])  # another batch size, same artifacts
+
+
+@pytest.mark.parametrize("opset", [9, 10, 11])
+def test_torch_exports_at_opsets_9_to_11_match_torch(tmp_path, opset):
+    """What the Model Zoo's torch-made files hold: Upsample (9) or Resize (10, 11), Slice with attributes (9) or
+    inputs, Pad with attributes (9, 10) or a computed pads input (11), inference-mode BatchNorm (no ``spatial``
+    from 9 on), a dynamic batch axis."""
+    torch = pytest.importorskip("torch")
+    import io
+    import warnings
+
+    F = torch.nn.functional
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.BatchNorm2d(4)
+            self.drop, self.fc = torch.nn.Dropout(0.3), torch.nn.Linear(4 * 7 * 7, 3)
+
+        def forward(self, x):
+            h = F.interpolate(F.max_pool2d(F.relu(self.bn(self.conv(x))), 2), scale_factor=2.0, mode="nearest")
+            h = F.pad(h[:, :, 1:, 1:][:, :, :6, :6], (1, 0, 0, 1), value=0.5)
+            return self.fc(self.drop(h).flatten(1))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    with torch.no_grad():
+        for p in [*net.parameters(), *net.buffers()]:
+            if p.is_floating_point():  # distinct values: the exporter merges equal tensors into aliases
+                p.copy_(torch.rand_like(p) + 0.5 if p.dim() == 1 else p + 0.05 * torch.randn_like(p))
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.randn(2, 2, 8, 8),), buffer, dynamo=False, opset_version=opset,
+                          do_constant_folding=False, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
+    run = Trained(onnx.load_from_string(buffer.getvalue()), tmp_path, LossType.CrossEntropyLoss)
+    params = dict(net.named_parameters())
+    assert set(run.trainable) == set(params)
+    rng = np.random.default_rng(opset)
+    x, y = rng.standard_normal((5, 2, 8, 8)).astype(np.float32), rng.integers(0, 3, 5)
+    loss, grads = run.gradients(x, y)
+    ref = F.cross_entropy(net(torch.from_numpy(x)), torch.from_numpy(y))
+    ref.backward()
+    assert abs(loss - float(ref)) <= 1e-5 * float(ref)
+    for name, p in params.items():
+        want = p.grad.numpy()
+        assert np.linalg.norm(grads[name] - want) <= 1e-4 * np.linalg.norm(want) + 1e-7, name
+    errors = finite_difference_errors(run, [x, y], per_parameter=3)
+    assert max(errors.values()) <= 1.0, errors
+    session = ort.InferenceSession(str(run.export()), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], net(torch.from_numpy(x)).numpy(), rtol=1e-4,
+                                   atol=1e-5)
