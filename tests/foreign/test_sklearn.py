@@ -193,3 +193,17 @@ def test_logistic_regression_trains_as_converted_and_trees_are_refused(tmp_path,
     with pytest.raises(ValueError, match=r"every output .*ml::TreeEnsembleClassifier.*tree ensembles.*no gradient"):
         Trained(_convert(tree, zipmap=False), tmp_path / "tree", LossType.CrossEntropyLoss)
 
+
+
+def test_float64_conversion_gets_an_error_with_the_fix(tmp_path, digits):
+    """skl2onnx with DoubleTensorType keeps scikit-learn's float64 weights; the optimizer updates float32."""
+    from skl2onnx.common.data_types import DoubleTensorType
+
+    x, y, _, _ = digits
+    clf = _fit(MLPClassifier(hidden_layer_sizes=(8,), max_iter=5, random_state=0), x, y)
+    model = convert_sklearn(clf, initial_types=[("X", DoubleTensorType([None, 64]))],
+                            options={id(clf): {"zipmap": False}}, target_opset={"": 17, "ai.onnx.ml": 3})
+    with pytest.raises(TypeError, match=r"float32 parameters; the 4 trainable parameters are float64 \(e\.g\. "
+                                        r"'coefficient'\): convert the model to float32 first \(skl2onnx: "
+                                        r"FloatTensorType"):
+        Trained(model, tmp_path, LossType.CrossEntropyLoss, loss_input_names=[_logits(model)])
