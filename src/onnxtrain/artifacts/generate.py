@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import onnx
 
+from onnxtrain.artifacts.foreign import check_loss_inputs
 from onnxtrain.artifacts.graphs import build_graphs
 from onnxtrain.artifacts.lora import apply_lora, finish_lora
 from onnxtrain.artifacts.optimizer import build_optimizer_model
@@ -160,6 +161,8 @@ def generate_artifacts(
         write(files, "training", training, checked=memory.modified)
 
     source = load_source_model(model)
+    check_loss_inputs(source.model.graph, source.detached, loss_input_names, additional_output_names or [],
+                      source.first_output, type(loss_block).__name__ if loss is not None else "", all_outputs)
     requires_grad, trainable_ops = _flatbuffer_operators(source.model, requires_grad, trainable_ops)
     with StagedFiles() as files:  # nothing replaces an existing artifact unless every one was built
         try:  # at the model's own opset, as the peer; some gradients need ops of newer opsets

@@ -24,6 +24,11 @@ def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], o
         raise TypeError(f"all trainable parameters must share one dtype for the flat optimizer, got "
                         f"{sorted(str(d) for d in dtypes)}")
     dtype = dtypes.pop() if dtypes else np.dtype(np.float32)
+    if dtype != np.float32:  # the update runs in float32 scalars (learning rate, step)
+        raise TypeError(f"the optimizer graph supports float32 parameters; the {len(params)} trainable parameters are "
+                        f"{dtype} (e.g. {next(iter(params))!r}): convert the model to float32 first (skl2onnx: "
+                        f"FloatTensorType inputs; otherwise cast its float initializers, inputs and Cast nodes), or "
+                        f"pass optimizer=None and update the parameters yourself")
     elem = helper.np_dtype_to_tensor_dtype(dtype)
     size = int(sum(v.size for v in params.values()))
     b = GraphBuilder(opset)
@@ -35,8 +40,6 @@ def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], o
     step = b.op.Cast(names.STEP, to=onnx.TensorProto.FLOAT)
     new_params, new_states = optimizer.build(OptimizerInputs(BuildContext(b, {}), lr, step, names.PARAMS,
                                                              names.GRADIENTS, {s: s for s in optimizer.state_names}))
-    if dtype != np.float32:  # the update runs in float32 scalars; cast vector results back
-        raise TypeError(f"the optimizer graph supports float32 parameters, got {dtype}")
     b.node("Identity", [new_params], [names.output_name(names.PARAMS)])
     # One reduction tells whether any gradient is NaN or infinite; the runtime then keeps the old values.
     gradient_sum = b.reduce("ReduceSum", names.GRADIENTS, None, keepdims=False)

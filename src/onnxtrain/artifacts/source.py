@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -9,6 +10,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxtrain.artifacts.foreign import Detached, annotate_reshape_ranks, detach_foreign_ops
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.ir.passes import clone, declare_as_inputs, default_opset, node_inputs
 
@@ -25,6 +27,8 @@ class SourceModel:
     model: onnx.ModelProto           # initializers removed (their names are in ``weights``)
     weights: dict[str, np.ndarray]
     opset: int
+    first_output: str = ""           # the source's first output, which built-in losses read by default
+    detached: Detached = dataclasses.field(default_factory=Detached)  # outputs of ai.onnx.ml ops (foreign.py)
 
 
 def _read(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelProto, str | None]:
@@ -71,16 +75,15 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     proto = _split_sequences(proto, weights)
     if proto.graph.sparse_initializer:
         raise ValueError("sparse initializers are not supported; convert them to dense initializers first")
-    foreign = [f"{n.name or n.op_type} ({n.domain}::{n.op_type})" for n in proto.graph.node
-               if n.domain not in ("", "ai.onnx")]
-    if foreign:
-        raise ValueError(f"the model uses ops outside the default ONNX domain, which stock onnxruntime "
-                         f"artifacts cannot contain: {', '.join(foreign[:5])}")
+    first_output = proto.graph.output[0].name if proto.graph.output else ""
+    detached = detach_foreign_ops(proto, weights)  # skl2onnx's ai.onnx.ml label and ZipMap (foreign.py)
     if opset < min_opset:
         proto = _upgrade(proto, weights)
         opset = MIN_OPSET
+    elif opset < 14:
+        annotate_reshape_ranks(proto, weights)
     _unalias_initializers(proto.graph, weights)
-    return SourceModel(proto, weights, opset)
+    return SourceModel(proto, weights, opset, first_output, detached)
 
 
 def _split_sequences(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
@@ -162,7 +165,12 @@ def _upgrade(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.Mod
     proto.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in weights.items())
     _drop_unused_saved_statistics(proto.graph)
     try:
-        proto = version_converter.convert_version(proto, MIN_OPSET)
+        try:
+            proto = version_converter.convert_version(proto, MIN_OPSET)
+        except RuntimeError as exc:
+            if "is a param instead of an int" not in str(exc):
+                raise
+            proto = _convert_with_pinned_dims(proto)
     except Exception as exc:
         raise ValueError(f"cannot convert the model to opset {MIN_OPSET} (onnxtrain needs at least "
                          f"{MIN_OPSET}): {exc}") from None
@@ -174,3 +182,28 @@ def _upgrade(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.Mod
     weights.update({i.name: numpy_helper.to_array(i) for i in proto.graph.initializer})
     del proto.graph.initializer[:]
     return proto
+
+
+def _convert_with_pinned_dims(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Convert with the symbolic dimensions of the inputs and outputs set to 1, then give them back: some of the
+    converter's adapters (Gemm 6 -> 7, which drops ``broadcast``) check shapes and refuse a dynamic batch axis,
+    though the converted node does not depend on it."""
+    from onnx import version_converter
+
+    pinned = onnx.ModelProto()
+    pinned.CopyFrom(proto)
+    del pinned.graph.value_info[:]
+    symbolic = {}
+    for vi in [*pinned.graph.input, *pinned.graph.output]:
+        for k, dim in enumerate(vi.type.tensor_type.shape.dim):
+            if not dim.HasField("dim_value"):
+                symbolic[vi.name, k] = onnx.TensorShapeProto.Dimension()
+                symbolic[vi.name, k].CopyFrom(dim)
+                dim.dim_value = 1
+    converted = version_converter.convert_version(pinned, MIN_OPSET)
+    del converted.graph.value_info[:]
+    for vi in [*converted.graph.input, *converted.graph.output]:
+        for k, dim in enumerate(vi.type.tensor_type.shape.dim):
+            if (vi.name, k) in symbolic:
+                dim.CopyFrom(symbolic[vi.name, k])
+    return converted

@@ -11,6 +11,7 @@ from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_conv_transpose import ConvTranspose as _ConvTranspose
 from onnx.reference.ops.op_erf import Erf as _Erf
 from onnx.reference.ops.op_grid_sample import GridSample as _GridSample
+from onnx.reference.ops.op_loop import Loop as _Loop
 from onnx.reference.ops.op_max_pool import MaxPool as _MaxPool
 
 __all__ = ["PATCHED_OPS", "name_omitted_outputs"]
@@ -168,7 +169,41 @@ class GridSample(_GridSample):
                         dtype=np.float64)
 
 
-PATCHED_OPS = [ConvTranspose, Erf, Gelu, GlobalLpPool, GridSample, LRN, LpNormalization, MaxPool, Mean, Pad]
+class GlobalMaxPool(OpRun):
+    """onnx.reference reduces axes 1 and 2 of a 3-D input (the channels with the time axis): the spatial axes."""
+
+    op_domain = ""
+
+    def _run(self, x):
+        return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
+
+
+class Loop(_Loop):
+    """onnx.reference joins a Loop's scan outputs with np.vstack, along their first axis instead of a new one:
+    (T*N, H) for T iterations of (N, H), (T, 1) for scalars. Each is reshaped to (T, *one iteration's shape)."""
+
+    def __init__(self, onnx_node, run_params):
+        super().__init__(onnx_node, run_params)
+        run_body = self._run_body  # set per instance by OpRun for the body attribute
+
+        def counted(*args, **kwargs):
+            outputs = run_body(*args, **kwargs)
+            self._iterations += 1
+            self._scan_shapes = [np.shape(o) for o in outputs[len(outputs) - self.K:]] if self.K else []
+            return outputs
+
+        self._run_body = counted
+
+    def _run(self, *args, **kwargs):
+        self._iterations, self._scan_shapes = 0, []
+        outputs = list(super()._run(*args, **kwargs))
+        for k, shape in enumerate(self._scan_shapes if self._iterations else []):
+            outputs[self.N + k] = outputs[self.N + k].reshape(self._iterations, *shape)
+        return tuple(outputs)
+
+
+PATCHED_OPS = [ConvTranspose, Erf, Gelu, GlobalLpPool, GlobalMaxPool, GridSample, LRN, LpNormalization, Loop, MaxPool,
+               Mean, Pad]
 
 
 def name_omitted_outputs(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -1,0 +1,58 @@
+"""Fixed onnx.reference kernels (runtime/backends/reference_ops.py) against onnxruntime, for the cases the
+upstream kernels get wrong."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto
+from onnx import helper as h
+from onnx.reference import ReferenceEvaluator
+
+from onnxtrain.runtime.backends.reference_ops import PATCHED_OPS
+
+
+def _both(model: onnx.ModelProto, feeds: dict) -> tuple[list, list]:
+    ours = ReferenceEvaluator(model, new_ops=PATCHED_OPS).run(None, feeds)
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    return ours, theirs
+
+
+def test_global_max_pool_on_a_sequence_keeps_the_channels():
+    node = h.make_node("GlobalMaxPool", ["x"], ["y"])
+    graph = h.make_graph([node], "g", [h.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 5])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    x = np.random.default_rng(0).standard_normal((2, 3, 5)).astype(np.float32)
+    (ours,), (theirs,) = _both(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), {"x": x})
+    assert ours.shape == (2, 3, 1)
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_loop_stacks_scan_outputs_of_any_rank():
+    """Per iteration a (2, 3) matrix and a scalar: the scan outputs are (T, 2, 3) and (T,)."""
+    body = h.make_graph(
+        [h.make_node("Identity", ["cond"], ["cond_out"]),
+         h.make_node("Add", ["acc", "x"], ["acc_out"]),
+         h.make_node("Identity", ["acc_out"], ["scan_matrix"]),
+         h.make_node("ReduceSum", ["acc_out"], ["scan_scalar"], keepdims=0)],
+        "body",
+        [h.make_tensor_value_info("i", TensorProto.INT64, []), h.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         h.make_tensor_value_info("acc", TensorProto.FLOAT, [2, 3])],
+        [h.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         h.make_tensor_value_info("acc_out", TensorProto.FLOAT, [2, 3]),
+         h.make_tensor_value_info("scan_matrix", TensorProto.FLOAT, [2, 3]),
+         h.make_tensor_value_info("scan_scalar", TensorProto.FLOAT, [])])
+    loop = h.make_node("Loop", ["trips", "go", "init"], ["final", "matrices", "scalars"], body=body)
+    outputs = [h.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("final", "matrices", "scalars")]
+    graph = h.make_graph([loop], "g", [h.make_tensor_value_info("trips", TensorProto.INT64, []),
+                                       h.make_tensor_value_info("go", TensorProto.BOOL, []),
+                                       h.make_tensor_value_info("init", TensorProto.FLOAT, [2, 3]),
+                                       h.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])], outputs)
+    rng = np.random.default_rng(0)
+    feeds = {"trips": np.array(4), "go": np.array(True), "init": rng.standard_normal((2, 3)).astype(np.float32),
+             "x": rng.standard_normal((2, 3)).astype(np.float32)}
+    ours, theirs = _both(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), feeds)
+    assert [o.shape for o in ours] == [(2, 3), (4, 2, 3), (4,)]
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
