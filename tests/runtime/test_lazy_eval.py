@@ -63,7 +63,7 @@ def test_a_damaged_training_model_fails_when_the_module_is_built(mlp_dir):
     model.graph.node[0].input[0] = "not_a_value"
     onnx.save(model, mlp_dir / "training_model.onnx")
     state = CheckpointState.load_checkpoint(mlp_dir / "checkpoint")
-    with pytest.raises(ArtifactError, match="the training model cannot be loaded: .*not_a_value"):
+    with pytest.raises(ArtifactError, match="the training model is not a valid ONNX model: .*not_a_value"):
         Module(mlp_dir / "training_model.onnx", state, mlp_dir / "eval_model.onnx")
 
 
@@ -84,3 +84,22 @@ def test_a_training_model_only_onnxruntime_rejects_fails_at_the_first_step(mlp_d
         warnings.simplefilter("error")  # the training model's own error, not a warning about fusing
         with pytest.raises(ArtifactError, match="the training model cannot be loaded"):
             module(x, y)
+
+
+def test_a_training_loop_runs_no_onnx_checker(mlp_dir, monkeypatch):
+    """The checker's operator schemas cost 7.5 MB of resident memory on first use; onnxruntime checks the model."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the runtime ran the ONNX checker")
+
+    monkeypatch.setattr(onnx.checker, "check_model", refuse)
+    state = CheckpointState.load_checkpoint(mlp_dir / "checkpoint")
+    module = Module(mlp_dir / "training_model.onnx", state, mlp_dir / "eval_model.onnx")
+    optimizer = Optimizer(mlp_dir / "optimizer_model.onnx", module)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((5, 8)).astype(np.float32), rng.integers(0, 4, 5).astype(np.int64)
+    for _ in range(2):
+        module(x, y)
+        optimizer.step()
+        module.lazy_reset_grad()
+    module.eval()
+    module(x, y)

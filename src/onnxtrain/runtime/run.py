@@ -28,10 +28,9 @@ import onnx
 from onnxtrain import conventions as names
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.errors import ArtifactError, PassError
-from onnxtrain.ir.files import PROTO_LIMIT
 from onnxtrain.runtime.backends.base import graph_io
-from onnxtrain.runtime.engine_errors import first_line, run_session
-from onnxtrain.runtime.loading import open_artifact_session
+from onnxtrain.runtime.engine_errors import run_session
+from onnxtrain.runtime.loading import check_connected, open_artifact_session
 from onnxtrain.runtime.passes import FusedNames, FuseOptimizer, ScatterIntoGradient, SpecializeReset, zeroed_before_run
 from onnxtrain.runtime.update import UpdateGraph
 from onnxtrain.runtime.values import TrainingValues
@@ -78,11 +77,11 @@ class TrainingRun:
         n_user = len(self.meta.user_inputs) + len(self.meta.labels)
         self.train_inputs = graph_io(train_model.graph.input)[:n_user]
         # The eval session opens on first use: a training loop may never evaluate, and a session holds memory.
-        # A damaged eval model still fails here (_check_eval_model), not at the first evaluation.
+        # An eval graph that does not connect still fails here (check_connected), not at the first evaluation.
         self._eval = None
         self.eval_inputs = self.eval_outputs = None
         if eval_model is not None:
-            _check_model(eval_model, "eval model")
+            check_connected(eval_model, "eval model")
             self.eval_inputs = graph_io(eval_model.graph.input)[:n_user]
             self.eval_outputs = graph_io(eval_model.graph.output)
         self.loss = np.zeros((), dtype=self.train_outputs[0].dtype)
@@ -93,15 +92,10 @@ class TrainingRun:
         self._specialized_models: dict[bool, onnx.ModelProto] = {}
         self._zeroed: dict[bool, list[str]] = {}  # gradients the variant scatters into, zeroed before a reset run
         self._variants: dict[bool, object] = {}
-        # No session yet if the checker passes the model: with an optimizer the loop runs the fused graph, and a
-        # training session opened and closed before it leaves memory behind (on a BERT, 4.5 MB of peak RSS; 8 MB
-        # with a dynamic batch). A model the checker refuses is onnxruntime's to judge, now (the checker is
-        # stricter: onnxblock's models declare types without shapes); one that only onnxruntime refuses fails
-        # at the first step.
-        try:
-            _check_model(train_model, "training model")
-        except ArtifactError:
-            self._session_for(True)
+        # No session yet: with an optimizer the loop runs the fused graph, and a training session opened and
+        # closed before it leaves memory behind (on a BERT, 4.5 MB of peak RSS; 8 MB with a dynamic batch).
+        # A graph that does not connect fails here; one that onnxruntime refuses, at the first step.
+        check_connected(train_model, "training model")
         self.fuse = True
         self._update: UpdateGraph | None = None
         self._fused: dict[bool, tuple[object, FusedNames] | None] = {}
@@ -216,9 +210,9 @@ class TrainingRun:
         if reset not in self._specialized_models:
             zeroed = []
             try:
-                model = SpecializeReset(self.meta.accumulation, reset)(self.train_model).model
+                model = SpecializeReset(self.meta.accumulation, reset).run(self.train_model).model
                 try:
-                    model = ScatterIntoGradient(self.meta.trainable, reset)(model).model
+                    model = ScatterIntoGradient(self.meta.trainable, reset).run(model).model
                     zeroed = zeroed_before_run(model, self.meta.trainable) if reset else []
                 except PassError as exc:
                     logger.info("embedding gradients scattered into zeros: %s", exc)
@@ -258,7 +252,7 @@ class TrainingRun:
     def _open_fused(self, reset: bool):
         try:
             fused = FuseOptimizer(self._update.model, self.meta.trainable, self._update.bounds,
-                                  self.values.params.sizes)(self._specialized(reset)).model
+                                  self.values.params.sizes).run(self._specialized(reset)).model
         except PassError as exc:
             logger.warning("running the training and optimizer graphs separately: %s", exc)
             return None
@@ -275,12 +269,3 @@ class TrainingRun:
         self._variants.clear()
         self._update.close_session()
         return session, FusedNames.of_fused(fused)
-
-
-def _check_model(model: onnx.ModelProto, what: str) -> None:
-    """The model passes the ONNX checker (what a session would reject at once, found without one)."""
-    if model.ByteSize() < PROTO_LIMIT:  # the checker takes a model in memory only below 2 GB
-        try:
-            onnx.checker.check_model(model)
-        except Exception as exc:  # ValidationError, and decoding errors for damaged strings
-            raise ArtifactError(f"the {what} is not a valid ONNX model: {first_line(exc)}") from None
