@@ -121,3 +121,30 @@ def test_an_unsplittable_optimizer_runs_whole_and_says_why(tmp_path, monkeypatch
         bounds, params, steps = _train(tmp_path, 32, True, monkeypatch, steps=2)
     assert bounds is None and steps == 2
     assert "CumSum" in caplog.text
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_the_optimizers_split_without_onnx_shape_inference(tmp_path, optimizer, monkeypatch):
+    """Scalars are found by propagation: shape inference loads onnx's operator schemas (7.5 MB of RSS)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("ChunkUpdate ran onnx's shape inference")
+
+    generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OPTIMIZERS[optimizer](),
+                       artifact_directory=tmp_path)
+    model = onnx.load(tmp_path / "optimizer_model.onnx")
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", refuse)
+    result = ChunkUpdate(chunk_bounds([212], 32)).run(model)
+    assert result.modified and len(result.model.graph.node) > len(model.graph.node)
+
+
+def test_a_scalar_only_shape_inference_finds_still_splits():
+    """A shared value computed by an op the propagation does not follow (here Expand to shape [1])."""
+    shape = helper.make_tensor("shape", onnx.TensorProto.INT64, [1], [1])
+    lr = helper.make_tensor_value_info("lr", onnx.TensorProto.FLOAT, [])
+    params = helper.make_tensor_value_info("params", onnx.TensorProto.FLOAT, [40])
+    nodes = [helper.make_node("Expand", ["lr", "shape"], ["lr1"]), helper.make_node("Mul", ["params", "lr1"],
+                                                                                     ["params.out"])]
+    graph = helper.make_graph(nodes, "g", [params, lr], [helper.make_tensor_value_info("params.out", 1, [40])],
+                              initializer=[shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert ChunkUpdate(chunk_bounds([40], 16))(model).modified

@@ -43,6 +43,8 @@ class _Refused:
     def __call__(self, model):
         raise PassError("disabled by the test")
 
+    run = __call__  # the runtime runs its passes without the checker's postconditions
+
 
 def _train(folder, fuse: bool):
     state = CheckpointState.load_checkpoint(folder / "checkpoint")

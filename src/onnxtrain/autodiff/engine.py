@@ -6,7 +6,7 @@ loss, asks each op's rule for its input gradients and sums the contributions of 
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -138,17 +138,16 @@ def vjp(nodes: list[onnx.NodeProto], seeds: Mapping[str, str], params: Sequence[
     backward = _backward_reachable(nodes, seeds)
     differentiable_values, _ = _forward_reachable([nodes[i] for i in sorted(forward & backward)], param_set)
 
-    contributions: dict[str, list[str]] = defaultdict(list)
-    for name, g in seeds.items():
-        contributions[name].append(g)
+    # A value's gradient is a running sum, added to as soon as each contribution exists: a Sum of all of them at
+    # the end would keep every contribution alive until then, and onnxruntime's Sum of more than two inputs
+    # allocates a full-size temporary besides.
+    gradients: dict[str, str] = dict(seeds)
+
+    def contribute(name: str, g: str) -> None:
+        gradients[name] = builder.op.Add(gradients[name], g) if name in gradients else g
 
     def gradient_of(name: str) -> str | None:
-        parts = contributions.get(name)
-        if not parts:
-            return None
-        if len(parts) > 1:
-            contributions[name] = parts = [builder.op.Sum(*parts) if len(parts) > 2 else builder.op.Add(*parts)]
-        return parts[0]
+        return gradients.get(name)
 
     for i in sorted(forward & backward, reverse=True):
         node = nodes[i]
@@ -172,5 +171,5 @@ def vjp(nodes: list[onnx.NodeProto], seeds: Mapping[str, str], params: Sequence[
             dxs += [None] * (len(inputs) - len(dxs))
         for x, dx in zip(inputs, dxs):
             if dx is not None and x and x in differentiable_values and _may_be_float(infos, x):
-                contributions[x].append(dx)
+                contribute(x, dx)
     return {p: gradient_of(p) for p in params}

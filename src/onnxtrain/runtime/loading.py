@@ -11,7 +11,7 @@ from onnxtrain.errors import ArtifactError
 from onnxtrain.runtime.backends import check_device, open_session
 from onnxtrain.runtime.engine_errors import first_line
 
-__all__ = ["load_model", "open_artifact_session"]
+__all__ = ["load_model", "open_artifact_session", "check_connected"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,3 +54,25 @@ def open_artifact_session(model: onnx.ModelProto, what: str, device: str, sessio
         return open_session(model, device, session_options)
     except Exception as exc:  # onnxruntime raises its own exception types for invalid graphs
         raise ArtifactError(f"the {what} cannot be loaded: {first_line(exc)}") from None
+
+
+def check_connected(model: onnx.ModelProto, what: str) -> None:
+    """Every node reads only graph inputs, initializers and earlier nodes' outputs, and every graph output is
+    computed: what a damaged file that still parses usually breaks, found without opening a session.
+
+    The runtime never runs the ONNX checker (generate_artifacts did, with ``full_check``, and the runtime's passes
+    are tested to keep it passing): its operator schemas cost 7.5 MB of resident memory on first use, 2.5 % of a
+    LoRA step's peak on a 6-layer BERT. onnxruntime checks the rest when it opens the model.
+    """
+    graph = model.graph
+    known = {""} | {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    known.update(t.values.name for t in graph.sparse_initializer)
+    for node in graph.node:
+        for name in node.input:
+            if name not in known:
+                raise ArtifactError(f"the {what} is not a valid ONNX model: node {node.name or node.op_type!r} reads "
+                                    f"{name!r}, which no graph input, initializer or earlier node defines")
+        known.update(node.output)
+    for value in graph.output:
+        if value.name not in known:
+            raise ArtifactError(f"the {what} is not a valid ONNX model: its output {value.name!r} is not computed")

@@ -87,7 +87,7 @@ class UpdateGraph:
         if device != "cpu" or len(bounds) < MIN_CHUNKS:
             return None, model
         try:
-            return bounds, ChunkUpdate(bounds)(model).model
+            return bounds, ChunkUpdate(bounds).run(model).model
         except PassError as exc:
             logger.info("running the optimizer graph over whole vectors: %s", exc)
             return None, model
@@ -97,7 +97,7 @@ class UpdateGraph:
         pairs = [(chunk_name(n, i), chunk_name(names.output_name(n), i))
                  for n in (names.PARAMS, *self.meta.states) for i in range(chunks)]
         try:
-            return True, InPlaceUpdate(pairs, drop=[names.GRADIENTS_FINITE])(model).model
+            return True, InPlaceUpdate(pairs, drop=[names.GRADIENTS_FINITE]).run(model).model
         except PassError as exc:
             logger.info("updating the parameters double-buffered, not in place: %s", exc)
             return False, model
