@@ -36,13 +36,14 @@ first reader in the graph's order, so that the copy waits for the backward to ge
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import ancestors, clone, constant_values, fresh_name, implicit_inputs, node_inputs, used_names
+from onnxtrain.ir.passes import ancestors, clone, fresh_name, implicit_inputs, node_inputs, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
 __all__ = ["RecomputeInBackward", "forward_nodes"]
@@ -65,7 +66,7 @@ class RecomputeInBackward(Pass):
         graph = model.graph
         forward = forward_nodes(graph.node, self.loss or graph.output[0].name)
         producer = {o: k for k, n in enumerate(graph.node) if k in forward for o in n.output if o}
-        constants = {k: v for k, v in constant_values(graph).items() if v.size == 1}
+        constants = _one_element_constants(graph)
         # shape inference only if a candidate needs a rank (a CNN has none: its generation does not pay for it)
         infos = functools.cache(lambda: infer_tensor_info(model))
         kept = {x for k, n in enumerate(graph.node) if k not in forward for x in node_inputs(n) if x in producer}
@@ -187,7 +188,21 @@ def _smaller(infos: dict[str, TensorInfo], x: str, product: str) -> bool:
     return all(isinstance(d, int) for d in dims) and dims[0] * dims[1] < dims[2] * dims[3]
 
 
-def _variable_input(node: onnx.NodeProto, constants: dict) -> int | None:
+def _one_element_constants(graph: onnx.GraphProto) -> set[str]:
+    """The names of the graph's one-element constants (initializers and Constant nodes), from their dimensions
+    alone: the values themselves are not needed."""
+    names = {i.name for i in graph.initializer if not i.external_data and math.prod(i.dims) == 1}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if ((attr.name == "value" and math.prod(attr.t.dims) == 1) or attr.name in ("value_int", "value_float")
+                        or (attr.name == "value_ints" and len(attr.ints) == 1)
+                        or (attr.name == "value_floats" and len(attr.floats) == 1)):
+                    names.add(node.output[0])
+    return names
+
+
+def _variable_input(node: onnx.NodeProto, constants: set[str]) -> int | None:
     """The index of the one non-constant input of a unary or binary-with-constant node, or None."""
     if node.op_type in UNARY and len(node.input) == 1:
         return 0
