@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -12,7 +13,7 @@ from onnx import numpy_helper
 
 __all__ = ["declare_as_inputs", "prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs",
            "has_subgraphs", "ancestors", "producer_index", "reader_index", "fresh_name", "rename_values",
-           "default_opset", "clone"]
+           "default_opset", "clone", "clone_without", "NodeIndex", "node_index", "shared_node_indices"]
 
 M = TypeVar("M", bound=Message)
 
@@ -165,3 +166,82 @@ def clone(message: M) -> M:
     out = type(message)()
     out.CopyFrom(message)
     return out
+
+
+def clone_without(model: onnx.ModelProto, graph_field: str) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph lacks the repeated field ``graph_field`` (``"node"``, ``"initializer"``):
+    for a caller that refills it, a copy of everything else alone."""
+    out = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _set_field(out, field, value)
+    for field, value in model.graph.ListFields():
+        if field.name != graph_field:
+            _set_field(out.graph, field, value)
+    return out
+
+
+def _set_field(message: Message, field, value) -> None:
+    if field.label == field.LABEL_REPEATED:
+        getattr(message, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(message, field.name).CopyFrom(value)
+    else:
+        setattr(message, field.name, value)
+
+
+class NodeIndex:
+    """A model's nodes with what every graph walk of a pass needs: each node's inputs (``node_inputs``), the
+    producer of each value and, memoized, the ancestors of a value. Reading a protobuf node's fields costs
+    microseconds each, so passes that only read a model share one index (:func:`node_index`)."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.nodes: list[onnx.NodeProto] = list(model.graph.node)
+        self.reads: list[list[str]] = []
+        self.implicit: dict[int, list[str]] = {}  # node index -> the outer values its subgraphs read
+        for k, n in enumerate(self.nodes):
+            if has_subgraphs(n):
+                self.implicit[k] = implicit_inputs(n)
+                self.reads.append([*n.input, *self.implicit[k]])
+            else:
+                self.reads.append(list(n.input))
+        self.producer: dict[str, int] = producer_index(self.nodes)
+        self._ancestors: dict[str, frozenset[int]] = {}
+
+    def ancestors(self, value: str) -> frozenset[int]:
+        """The indices of the nodes ``value`` is computed from, its producer included (as :func:`ancestors`)."""
+        if value not in self._ancestors:
+            reads, producer = self.reads, self.producer
+            seen: set[int] = set()
+            stack = [value]
+            while stack:
+                k = producer.get(stack.pop())
+                if k is not None and k not in seen:
+                    seen.add(k)
+                    stack.extend(reads[k])
+            self._ancestors[value] = frozenset(seen)
+        return self._ancestors[value]
+
+
+_shared: list[dict[int, tuple[onnx.ModelProto, NodeIndex]]] = []
+
+
+def node_index(model: onnx.ModelProto) -> NodeIndex:
+    """The :class:`NodeIndex` of ``model``: inside :func:`shared_node_indices`, computed once per model object."""
+    if not _shared:
+        return NodeIndex(model)
+    entry = _shared[-1].get(id(model))
+    if entry is None or entry[0] is not model:
+        entry = _shared[-1][id(model)] = (model, NodeIndex(model))
+    return entry[1]
+
+
+@contextlib.contextmanager
+def shared_node_indices() -> Iterator[None]:
+    """Within this block, :func:`node_index` computes each model's index once (the models must not change in
+    place meanwhile: passes return new models, as :class:`~onnxtrain.ir.pass_infra.PassManager` runs them)."""
+    _shared.append({})
+    try:
+        yield
+    finally:
+        _shared.pop()

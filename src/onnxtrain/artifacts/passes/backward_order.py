@@ -47,6 +47,7 @@ The nodes are then put back in a topological order that keeps the original order
 from __future__ import annotations
 
 import heapq
+from collections.abc import Set
 
 import numpy as np
 import onnx
@@ -55,7 +56,16 @@ from onnx import numpy_helper
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.errors import ArtifactError
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, fresh_name, has_subgraphs, node_inputs, producer_index, reader_index
+from onnxtrain.ir.passes import (
+    NodeIndex,
+    clone,
+    clone_without,
+    fresh_name,
+    has_subgraphs,
+    node_index,
+    node_inputs,
+    reader_index,
+)
 
 __all__ = ["BackwardOrder"]
 
@@ -77,10 +87,9 @@ class BackwardOrder(Pass):
 
     def call(self, model: onnx.ModelProto) -> PassResult:
         graph = model.graph
-        nodes = list(graph.node)
-        producer = producer_index(nodes)
-        reads = [node_inputs(n) for n in nodes]
-        forward = _ancestors(reads, producer, self.loss or graph.output[0].name)
+        index = node_index(model)
+        nodes, producer, reads = index.nodes, index.producer, index.reads
+        forward = index.ancestors(self.loss or graph.output[0].name)
         read_by_backward = [producer[x] for k in range(len(nodes)) if k not in forward
                             for x in reads[k] if producer.get(x) in forward]
         if not read_by_backward:
@@ -125,19 +134,20 @@ class BackwardOrder(Pass):
         last = {k: 2 * len(nodes) - k for k in writers}
         if not waits and not writers:
             return PassResult(model, False)
-        return PassResult(_with_waits(model, waits, constants, last, producer, reads), True)
+        return PassResult(_with_waits(model, waits, constants, last, index), True)
 
 
 def _with_waits(model: onnx.ModelProto, waits: dict[int, list[str]], constants: set[str], keys: dict[int, int],
-                producer: dict[str, int], reads: list[list[str]]) -> onnx.ModelProto:
+                index: NodeIndex) -> onnx.ModelProto:
     """A copy of ``model`` in which node k cannot run before the values ``waits[k]`` exist, in a topological order
-    that keeps the original one (or ``keys[k]`` instead of node k's position) wherever it can. ``producer`` and
-    ``reads`` index ``model``'s nodes (``producer_index``, ``node_inputs`` of each)."""
-    out = clone(model)
+    that keeps the original one (or ``keys[k]`` instead of node k's position) wherever it can; ``index`` is
+    ``model``'s."""
+    nodes, producer = index.nodes, index.producer
+    out = clone_without(model, "node")  # the nodes are copied once, into their new order
     graph = out.graph
     # every name in the graph (as used_names): a node input is a node's output, a graph input or an initializer
-    taken = {*producer, *(n.name for n in graph.node), *(v.name for v in graph.input),
-             *(v.name for v in graph.output), *(v.name for v in graph.value_info), *(i.name for i in graph.initializer)}
+    taken = {*producer, *(n.name for n in nodes), *(v.name for v in graph.input), *(v.name for v in graph.output),
+             *(v.name for v in graph.value_info), *(i.name for i in graph.initializer)}
     taken.discard("")
     zero = fresh_name("backward_order/zero", taken)
     graph.initializer.append(numpy_helper.from_array(np.array(0, np.int64), zero))
@@ -155,10 +165,10 @@ def _with_waits(model: onnx.ModelProto, waits: dict[int, list[str]], constants: 
             nothing[value] = product
         return nothing[value]
 
-    nodes = list(graph.node)
-    reads = list(reads)
+    nodes = list(nodes)
+    reads = list(index.reads)
     for k, values in waits.items():
-        node = nodes[k]
+        node = nodes[k] = clone(nodes[k])
         name = node.name or node.output[0]
         j = 1 if node.op_type == "Reshape" else next(j for j, x in enumerate(node.input) if x and x not in constants)
         x = node.input[j]
@@ -177,10 +187,13 @@ def _with_waits(model: onnx.ModelProto, waits: dict[int, list[str]], constants: 
             total = view
         node.input[j] = total
         reads[k] = node_inputs(node)
-    items = [(keys.get(k, k), n) for k, n in enumerate(nodes)] + added
-    ordered = _stable_topological(items, reads + [list(n.input) for _, n in added])
-    del graph.node[:]
-    graph.node.extend(items[i][1] for i in ordered)
+    n = len(nodes)
+    # a node made for node k sorts right before it (none is a writer that ``keys`` moves)
+    order = _stable_topological([keys.get(k, k) for k in range(n)] + [k - 0.5 for k, _ in added],
+                                reads + [list(a.input) for _, a in added],
+                                {**producer, **{a.output[0]: n + j for j, (_, a) in enumerate(added)}})
+    items = nodes + [a for _, a in added]
+    graph.node.extend(items[i] for i in order)
     return out
 
 
@@ -193,19 +206,6 @@ def _constant_names(graph: onnx.GraphProto) -> set[str]:
 
 
 _CONSTANT_ATTRIBUTES = frozenset({"value", "value_int", "value_float", "value_ints", "value_floats"})
-
-
-def _ancestors(reads: list[list[str]], producer: dict[str, int], value: str) -> set[int]:
-    """The indices of the nodes ``value`` depends on, its producer included (``ir.passes.ancestors`` on the
-    node inputs already at hand)."""
-    seen: set[int] = set()
-    stack = [value]
-    while stack:
-        k = producer.get(stack.pop())
-        if k is not None and k not in seen:
-            seen.add(k)
-            stack.extend(reads[k])
-    return seen
 
 
 def _folded_into_matmul(nodes: list[onnx.NodeProto], k: int, readers: dict[str, list[int]]) -> bool:
@@ -234,7 +234,7 @@ def _computed(nodes: list[onnx.NodeProto], producer: dict[str, int], side: set[i
     return value
 
 
-def _downstream(nodes: list[onnx.NodeProto], reads: list[list[str]], start: int, forward: set[int]) -> set[int]:
+def _downstream(nodes: list[onnx.NodeProto], reads: list[list[str]], start: int, forward: Set[int]) -> set[int]:
     """The non-forward nodes that read an output of node ``start``, directly or through other such nodes."""
     values = {o for o in nodes[start].output if o}
     found: set[int] = set()
@@ -277,19 +277,18 @@ def _first_chain_reader(nodes: list[onnx.NodeProto], readers: dict[str, list[int
     return first
 
 
-def _stable_topological(items: list[tuple[int, onnx.NodeProto]], reads: list[list[str]]) -> list[int]:
-    """The positions of ``items`` in a topological order that takes them by their keys (original positions)
-    whenever it can; ``reads[i]`` are the inputs of item i."""
-    producer = {o: i for i, (_, n) in enumerate(items) for o in n.output if o}
-    missing = [0] * len(items)  # inputs (each counted once) whose producer is not placed yet
-    readers: list[list[int]] = [[] for _ in items]
+def _stable_topological(keys: list[float], reads: list[list[str]], producer: dict[str, int]) -> list[int]:
+    """The items (``reads[i]``: the inputs of item i, ``producer``: value -> the item computing it) in the
+    topological order that takes the item of smallest key (then position) whenever several are ready."""
+    missing = [0] * len(keys)  # inputs (each counted once) whose producer is not placed yet
+    readers: list[list[int]] = [[] for _ in keys]
     for i, xs in enumerate(reads):
         for x in set(xs):
             p = producer.get(x)
             if p is not None:
                 readers[p].append(i)
                 missing[i] += 1
-    ready = [(key, i) for i, (key, _) in enumerate(items) if not missing[i]]
+    ready = [(key, i) for i, key in enumerate(keys) if not missing[i]]
     heapq.heapify(ready)
     ordered = []
     while ready:
@@ -298,7 +297,7 @@ def _stable_topological(items: list[tuple[int, onnx.NodeProto]], reads: list[lis
         for r in readers[i]:
             missing[r] -= 1
             if not missing[r]:
-                heapq.heappush(ready, (items[r][0], r))
-    if len(ordered) != len(items):
-        raise ValueError(f"{len(items) - len(ordered)} nodes are in a cycle after adding the backward's waits")
+                heapq.heappush(ready, (keys[r], r))
+    if len(ordered) != len(keys):
+        raise ValueError(f"{len(keys) - len(ordered)} nodes are in a cycle after adding the backward's waits")
     return ordered

@@ -43,7 +43,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import ancestors, clone, fresh_name, implicit_inputs, node_inputs, used_names
+from onnxtrain.ir.passes import ancestors, clone, fresh_name, node_index, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
 __all__ = ["RecomputeInBackward", "forward_nodes"]
@@ -64,14 +64,15 @@ class RecomputeInBackward(Pass):
 
     def call(self, model: onnx.ModelProto) -> PassResult:
         graph = model.graph
-        forward = forward_nodes(graph.node, self.loss or graph.output[0].name)
-        producer = {o: k for k, n in enumerate(graph.node) if k in forward for o in n.output if o}
+        index = node_index(model)
+        forward = index.ancestors(self.loss or graph.output[0].name)
+        producer = {o: k for o, k in index.producer.items() if k in forward}
         constants = _one_element_constants(graph)
         # shape inference only if a candidate needs a rank (a CNN has none: its generation does not pay for it)
         infos = functools.cache(lambda: infer_tensor_info(model))
-        kept = {x for k, n in enumerate(graph.node) if k not in forward for x in node_inputs(n) if x in producer}
+        kept = {x for k, xs in enumerate(index.reads) if k not in forward for x in xs if x in producer}
         # a value a subgraph reads stays alive for it: nothing to gain, and the rewrite reads direct inputs only
-        captured = {x for k, n in enumerate(graph.node) if k not in forward for x in implicit_inputs(n)}
+        captured = {x for k, xs in index.implicit.items() if k not in forward for x in xs}
 
         chains: dict[str, int | None] = {}  # value -> its producer's input that continues a chain, or _START
 
