@@ -13,7 +13,8 @@ from onnx import numpy_helper
 
 __all__ = ["declare_as_inputs", "prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs",
            "has_subgraphs", "ancestors", "producer_index", "reader_index", "fresh_name", "rename_values",
-           "default_opset", "clone", "clone_without", "NodeIndex", "node_index", "shared_node_indices"]
+           "default_opset", "clone", "clone_without", "NodeIndex", "node_index", "shared_node_indices",
+           "share_derived_index"]
 
 M = TypeVar("M", bound=Message)
 
@@ -234,6 +235,49 @@ def node_index(model: onnx.ModelProto) -> NodeIndex:
     if entry is None or entry[0] is not model:
         entry = _shared[-1][id(model)] = (model, NodeIndex(model))
     return entry[1]
+
+
+def share_derived_index(model: onnx.ModelProto, base: NodeIndex, inserted_after: Mapping[int, int],
+                        changed: Iterable[int]) -> None:
+    """Inside :func:`shared_node_indices`, give ``model`` the index derived from ``base`` (the index of the model
+    ``model`` was made from) instead of one built from scratch: ``model`` is that model with ``inserted_after[k]``
+    new nodes right after its node k and its nodes ``changed`` (old positions) edited; every other node is the
+    same. Only the new and edited nodes are read."""
+    if not _shared:
+        return
+    nodes = list(model.graph.node)
+    position, shift = [], 0
+    for k in range(len(base.nodes)):
+        position.append(k + shift)
+        shift += inserted_after.get(k, 0)
+    if len(nodes) != len(base.nodes) + shift:
+        raise ValueError(f"{len(nodes)} nodes, expected {len(base.nodes)} + {shift} inserted")
+    index = NodeIndex.__new__(NodeIndex)
+    index.nodes, index._ancestors = nodes, {}
+    reads: list[list[str] | None] = [None] * len(nodes)
+    for k, xs in enumerate(base.reads):
+        reads[position[k]] = xs
+    index.implicit = {position[k]: xs for k, xs in base.implicit.items()}
+    index.producer = {v: position[k] for v, k in base.producer.items()}
+    fresh = [position[k] for k in changed]
+    for k in changed:
+        for o in base.nodes[k].output:
+            if o and index.producer.get(o) == position[k]:
+                del index.producer[o]
+    fresh += [i for i, xs in enumerate(reads) if xs is None]
+    for i in fresh:
+        node = nodes[i]
+        index.implicit.pop(i, None)
+        if has_subgraphs(node):
+            index.implicit[i] = implicit_inputs(node)
+            reads[i] = [*node.input, *index.implicit[i]]
+        else:
+            reads[i] = list(node.input)
+        for o in node.output:
+            if o:
+                index.producer[o] = i
+    index.reads = reads  # type: ignore[assignment]
+    _shared[-1][id(model)] = (model, index)
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, fresh_name, node_index
+from onnxtrain.ir.passes import clone, fresh_name, node_index, share_derived_index
 
 __all__ = ["ShapesInForward"]
 
@@ -89,6 +89,8 @@ class ShapesInForward(Pass):
         for k in sorted(after, reverse=True):  # from the end, so that the earlier positions stay valid
             for offset, node in enumerate(after[k], 1):
                 graph.node.insert(k + offset, node)
+        share_derived_index(out, index, {k: len(v) for k, v in after.items()},
+                            {*replaced, *(k for x in targets for k in forward_readers[x])})
         return PassResult(out, True)
 
     @staticmethod
