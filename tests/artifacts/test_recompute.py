@@ -206,3 +206,24 @@ def test_one_element_constants_are_found_from_their_dimensions():
     graph = helper.make_graph(nodes, "g", [], [], initializer=inits)
     expected = {k for k, v in constant_values(graph).items() if v.size == 1}
     assert _one_element_constants(graph) == expected == {"c_scalar", "c_int", "c_ints1", "c_floats1", "i_one"}
+
+
+def test_the_forward_infos_given_spare_the_shape_inference_and_change_nothing(tmp_path, monkeypatch):
+    """generate_artifacts gives the pass the types and shapes it inferred for the forward: the rewrite is the same
+    as with the pass's own shape inference of the whole graph, which it then does not run."""
+    from onnxtrain.ir.types import infer_tensor_info
+
+    model = _training_model(tmp_path, "gelu")
+    expected = RecomputeInBackward()(model)
+    assert expected.modified
+    forward = forward_nodes(model.graph.node, model.graph.output[0].name)
+    made = {o for k, n in enumerate(model.graph.node) if k in forward for o in n.output}
+    inputs = {i.name for i in model.graph.input}
+    infos = {k: v for k, v in infer_tensor_info(model).items() if k in made or k in inputs}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the pass inferred the shapes of the whole graph")
+
+    monkeypatch.setattr("onnxtrain.artifacts.passes.recompute.infer_tensor_info", refuse)
+    result = RecomputeInBackward(infos=infos)(model)
+    assert result.model.SerializeToString() == expected.model.SerializeToString()

@@ -154,7 +154,8 @@ def generate_artifacts(
         # (docs/memory.md, docs/lora.md).
         # onnxruntime orders the nodes itself: gradient nodes wait for the backward, weight gradients are
         # computed layer by layer (BackwardOrder, last; docs/memory.md).
-        memory = PassManager([GeluBackward(), ShapesInForward(), RecomputeInBackward(), BackwardOrder()])(
+        memory = PassManager([GeluBackward(), ShapesInForward(), RecomputeInBackward(infos=graphs.infos),
+                              BackwardOrder()])(
             graphs.training)
         training = memory.model
         # A model imported from .tflite/.circle carries its source file: the training model keeps it, so that the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -31,6 +31,7 @@ class TrainingGraphs:
     user_inputs: list[str]
     label_inputs: list[str]
     eval_checked: bool = False  # whether the eval model's passes ran the full ONNX check on it
+    infos: dict[str, TensorInfo] = field(default_factory=dict)  # types and shapes of the forward's values
 
 
 
@@ -205,7 +206,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
                                    [loss_vi, *extra_outputs], initializer=_used(full.initializer, eval_reads))
     eval_passes = PassManager([EvalMode(), DropUnreadIndices()])(_model(model, eval_graph, meta))
     return TrainingGraphs(training, eval_passes.model, [i.name for i in user_inputs], [i.name for i in labels],
-                          eval_checked=eval_passes.modified)
+                          eval_checked=eval_passes.modified, infos=infos)
 
 
 def _copy_nodes(nodes) -> list[onnx.NodeProto]:
