@@ -70,3 +70,17 @@ def test_a_pass_manager_builds_an_index_once_per_model(monkeypatch):
     monkeypatch.setattr(NodeIndex, "__init__", counting)
     PassManager([_Reads(False), _Reads(False), _Reads(True), _Reads(False)])(_model())
     assert len(built) == 2  # the input's (shared by the first three passes) and the rewritten model's
+
+
+def test_a_block_shares_indices_within_its_own_thread_only():
+    import threading
+
+    model = _model()
+    seen = []
+    with shared_node_indices():
+        shared = node_index(model)
+        worker = threading.Thread(target=lambda: seen.extend([node_index(model), node_index(model)]))
+        worker.start()
+        worker.join()
+        assert node_index(model) is shared
+    assert seen[0] is not seen[1] and shared not in seen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
@@ -224,16 +225,24 @@ class NodeIndex:
         return self._ancestors[value]
 
 
-_shared: list[dict[int, tuple[onnx.ModelProto, NodeIndex]]] = []
+class _Scopes(threading.local):
+    """The open :func:`shared_node_indices` blocks of a thread, innermost last (two threads generating artifacts
+    at once do not share them)."""
+
+    def __init__(self) -> None:
+        self.stack: list[dict[int, tuple[onnx.ModelProto, NodeIndex]]] = []
+
+
+_scopes = _Scopes()
 
 
 def node_index(model: onnx.ModelProto) -> NodeIndex:
     """The :class:`NodeIndex` of ``model``: inside :func:`shared_node_indices`, computed once per model object."""
-    if not _shared:
+    if not _scopes.stack:
         return NodeIndex(model)
-    entry = _shared[-1].get(id(model))
+    entry = _scopes.stack[-1].get(id(model))
     if entry is None or entry[0] is not model:
-        entry = _shared[-1][id(model)] = (model, NodeIndex(model))
+        entry = _scopes.stack[-1][id(model)] = (model, NodeIndex(model))
     return entry[1]
 
 
@@ -243,7 +252,7 @@ def share_derived_index(model: onnx.ModelProto, base: NodeIndex, inserted_after:
     ``model`` was made from) instead of one built from scratch: ``model`` is that model with ``inserted_after[k]``
     new nodes right after its node k and its nodes ``changed`` (old positions) edited; every other node is the
     same. Only the new and edited nodes are read."""
-    if not _shared:
+    if not _scopes.stack:
         return
     nodes = list(model.graph.node)
     position, shift = [], 0
@@ -277,15 +286,15 @@ def share_derived_index(model: onnx.ModelProto, base: NodeIndex, inserted_after:
             if o:
                 index.producer[o] = i
     index.reads = reads  # type: ignore[assignment]
-    _shared[-1][id(model)] = (model, index)
+    _scopes.stack[-1][id(model)] = (model, index)
 
 
 @contextlib.contextmanager
 def shared_node_indices() -> Iterator[None]:
     """Within this block, :func:`node_index` computes each model's index once (the models must not change in
     place meanwhile: passes return new models, as :class:`~onnxtrain.ir.pass_infra.PassManager` runs them)."""
-    _shared.append({})
+    _scopes.stack.append({})
     try:
         yield
     finally:
-        _shared.pop()
+        _scopes.stack.pop()
