@@ -62,6 +62,21 @@ def _resolve_optimizer(optimizer) -> optim.Optimizer | None:
                     f"{type(optimizer).__name__}")
 
 
+@contextlib.contextmanager
+def _without_cyclic_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector paused: building the graphs allocates hundreds of thousands of short-lived
+    objects without cycles, and the collections they trigger scan every object of the process (on MobileNetV2,
+    10-15 ms of a generation in a fresh process)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@_without_cyclic_gc()
 def generate_artifacts(
     model: onnx.ModelProto | str | os.PathLike,
     requires_grad: Sequence[str] | None = None,
@@ -164,36 +179,21 @@ def generate_artifacts(
         training.metadata_props.extend(flatbuffer)
         write(files, "training", training, checked=memory.modified, changed=bool(flatbuffer))
 
-    with _without_cyclic_gc():
-        source = load_source_model(model)
-        requires_grad, trainable_ops = _flatbuffer_operators(source.model, requires_grad, trainable_ops)
-        with StagedFiles() as files:  # nothing replaces an existing artifact unless every one was built
-            try:  # at the model's own opset, as the peer; some gradients need ops of newer opsets
-                build(source, files)
-            except UnsupportedOpError as exc:
-                if source.opset >= MIN_OPSET:
-                    raise
-                logger.warning("converting the model to opset %d: its gradient needs it (%s)", MIN_OPSET, exc)
-                files.discard()
-                build(load_source_model(model, min_opset=MIN_OPSET), files)
-            files.commit()
+    source = load_source_model(model)
+    requires_grad, trainable_ops = _flatbuffer_operators(source.model, requires_grad, trainable_ops)
+    with StagedFiles() as files:  # nothing replaces an existing artifact unless every one was built
+        try:  # at the model's own opset, as the peer; some gradients need ops of newer opsets
+            build(source, files)
+        except UnsupportedOpError as exc:
+            if source.opset >= MIN_OPSET:
+                raise
+            logger.warning("converting the model to opset %d: its gradient needs it (%s)", MIN_OPSET, exc)
+            files.discard()
+            build(load_source_model(model, min_opset=MIN_OPSET), files)
+        files.commit()
     if ort_format:
         convert_to_ort([paths[k] for k in ("training", "eval", "optimizer") if k in paths])
     return paths
-
-
-@contextlib.contextmanager
-def _without_cyclic_gc() -> Iterator[None]:
-    """Python's cyclic garbage collector paused: building the graphs allocates hundreds of thousands of short-lived
-    objects without cycles, and the collections they trigger scan every object of the process (on MobileNetV2,
-    10-15 ms of a generation in a fresh process)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _checkpoint_data(weights: dict, plan) -> CheckpointData:
