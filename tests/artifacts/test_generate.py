@@ -437,16 +437,19 @@ def test_each_artifact_gets_one_full_onnx_check(tmp_path, monkeypatch):
     full = []
     real = onnx.checker.check_model
 
+    structural = []
+
     def check_model(model, full_check=False, **kwargs):
-        if full_check:
-            proto = model if isinstance(model, onnx.ModelProto) else onnx.load_from_string(model)
-            full.append(proto.graph.name)
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load_from_string(model)
+        (full if full_check else structural).append(proto.graph.name)
         return real(model, full_check=full_check, **kwargs)
 
     monkeypatch.setattr(onnx.checker, "check_model", check_model)
     generate_artifacts(models.conv_bn(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                        artifact_directory=tmp_path)
     assert full.count("training") == 1 and full.count("eval") == 1 and "optimizer" in full
+    # nothing changed after the passes' full checks: no second, structural one
+    assert "training" not in structural and "eval" not in structural
 
 
 def test_a_failed_generation_leaves_the_earlier_artifacts_untouched(tmp_path, monkeypatch):
@@ -461,3 +464,28 @@ def test_a_failed_generation_leaves_the_earlier_artifacts_untouched(tmp_path, mo
         generate_artifacts(models.conv_bn(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                            artifact_directory=tmp_path)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_garbage_collector_is_left_as_it_was(enabled, tmp_path, monkeypatch):
+    """generate_artifacts pauses the cyclic garbage collector while it builds the graphs, and restores it, also
+    when the generation fails."""
+    import gc
+
+    seen = []
+
+    def broken(*args, **kwargs):
+        seen.append(gc.isenabled())
+        raise RuntimeError("optimizer graph failed")
+
+    (gc.enable if enabled else gc.disable)()
+    try:
+        generate_artifacts(models.mlp(), loss=LossType.MSELoss, optimizer=OptimType.AdamW, artifact_directory=tmp_path)
+        assert gc.isenabled() == enabled
+        monkeypatch.setattr("onnxtrain.artifacts.generate.build_optimizer_model", broken)
+        with pytest.raises(RuntimeError, match="optimizer graph failed"):
+            generate_artifacts(models.mlp(), loss=LossType.MSELoss, optimizer=OptimType.AdamW,
+                               artifact_directory=tmp_path)
+        assert seen == [False] and gc.isenabled() == enabled
+    finally:
+        gc.enable()

@@ -169,3 +169,61 @@ def test_the_probabilities_are_recomputed_from_a_smaller_query_the_backward_did_
                 feeds[i.name] = np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32)
         for got, want in zip(_run(result.model, feeds), _run(model, feeds)):
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_cnn_is_left_alone_without_shape_inference_or_decoding_constants(tmp_path, monkeypatch):
+    """A CNN has nothing this pass recomputes (ReLU masks, Conv and BatchNormalization inputs): the pass returns
+    the model itself, having inferred no shapes and decoded no constant."""
+    from tests.artifacts.test_backward_order import _cnn
+
+    with as_built():
+        paths = generate_artifacts(_cnn(), requires_grad=["W1", "W2", "W3", "Wc"], frozen_params=[],
+                                   loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path)
+    model = onnx.load(paths["training"])
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the pass inferred shapes or decoded tensors on a graph it leaves alone")
+
+    monkeypatch.setattr("onnxtrain.artifacts.passes.recompute.infer_tensor_info", refuse)
+    monkeypatch.setattr(numpy_helper, "to_array", refuse)
+    result = RecomputeInBackward()(model)
+    assert not result.modified and result.model is model
+
+
+def test_one_element_constants_are_found_from_their_dimensions():
+    from onnxtrain.artifacts.passes.recompute import _one_element_constants
+    from onnxtrain.ir.passes import constant_values
+
+    nodes = [helper.make_node("Constant", [], ["c_scalar"], value=numpy_helper.from_array(np.array(2.0, np.float32))),
+             helper.make_node("Constant", [], ["c_vector"], value=numpy_helper.from_array(np.ones(3, np.float32))),
+             helper.make_node("Constant", [], ["c_int"], value_int=3),
+             helper.make_node("Constant", [], ["c_ints1"], value_ints=[4]),
+             helper.make_node("Constant", [], ["c_ints2"], value_ints=[4, 5]),
+             helper.make_node("Constant", [], ["c_floats1"], value_floats=[0.5]),
+             helper.make_node("Constant", [], ["c_string"], value_string="s")]
+    inits = [numpy_helper.from_array(np.array([1.0], np.float32), "i_one"),
+             numpy_helper.from_array(np.zeros((2, 2), np.float32), "i_four")]
+    graph = helper.make_graph(nodes, "g", [], [], initializer=inits)
+    expected = {k for k, v in constant_values(graph).items() if v.size == 1}
+    assert _one_element_constants(graph) == expected == {"c_scalar", "c_int", "c_ints1", "c_floats1", "i_one"}
+
+
+def test_the_forward_infos_given_spare_the_shape_inference_and_change_nothing(tmp_path, monkeypatch):
+    """generate_artifacts gives the pass the types and shapes it inferred for the forward: the rewrite is the same
+    as with the pass's own shape inference of the whole graph, which it then does not run."""
+    from onnxtrain.ir.types import infer_tensor_info
+
+    model = _training_model(tmp_path, "gelu")
+    expected = RecomputeInBackward()(model)
+    assert expected.modified
+    forward = forward_nodes(model.graph.node, model.graph.output[0].name)
+    made = {o for k, n in enumerate(model.graph.node) if k in forward for o in n.output}
+    inputs = {i.name for i in model.graph.input}
+    infos = {k: v for k, v in infer_tensor_info(model).items() if k in made or k in inputs}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the pass inferred the shapes of the whole graph")
+
+    monkeypatch.setattr("onnxtrain.artifacts.passes.recompute.infer_tensor_info", refuse)
+    result = RecomputeInBackward(infos=infos)(model)
+    assert result.model.SerializeToString() == expected.model.SerializeToString()

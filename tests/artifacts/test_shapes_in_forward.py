@@ -107,3 +107,31 @@ def test_the_reshape_gradient_of_a_dynamic_batch_no_longer_keeps_its_input(tmp_p
         assert len(got) == len(want) >= 2  # the loss and the gradient of W1
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)
+
+
+def _same_index(derived, fresh) -> None:
+    assert derived is not fresh
+    assert derived.reads == fresh.reads and derived.producer == fresh.producer and derived.implicit == fresh.implicit
+    assert [n.SerializeToString() for n in derived.nodes] == [n.SerializeToString() for n in fresh.nodes]
+
+
+def test_the_index_it_hands_on_is_the_one_built_from_scratch(tmp_path, monkeypatch):
+    """In a PassManager the next pass reads the index this pass derives from its input's (the inserted and edited
+    nodes read again, the others shifted), not one built from the new model."""
+    from onnxtrain.ir.passes import NodeIndex, node_index, shared_node_indices
+
+    with as_built():
+        paths = generate_artifacts(_dynamic_mlp(), requires_grad=["W1"], frozen_params=["W2"],
+                                   loss=LossType.MSELoss, artifact_directory=tmp_path)
+    built = []
+    real = NodeIndex.__init__
+    monkeypatch.setattr(NodeIndex, "__init__", lambda self, model: built.append(model) or real(self, model))
+    for model in (_shapes_model(), onnx.load(paths["training"])):
+        with shared_node_indices():
+            result = ShapesInForward()(model)
+            assert result.modified and built[-1] is model
+            derived = node_index(result.model)
+            assert built[-1] is model  # derived, not built
+            _same_index(derived, NodeIndex(result.model))
+            assert derived.ancestors(result.model.graph.output[0].name) == forward_nodes(
+                result.model.graph.node, result.model.graph.output[0].name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -18,7 +18,7 @@ from onnxtrain.blocks.base import Block, BuildContext
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.pass_infra import PassManager
-from onnxtrain.ir.passes import constant_values, default_opset, node_inputs, prune_nodes, rename_values, used_names
+from onnxtrain.ir.passes import constant_values, default_opset, node_inputs, rename_values, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info, value_info
 
 __all__ = ["TrainingGraphs", "build_graphs"]
@@ -31,6 +31,7 @@ class TrainingGraphs:
     user_inputs: list[str]
     label_inputs: list[str]
     eval_checked: bool = False  # whether the eval model's passes ran the full ONNX check on it
+    infos: dict[str, TensorInfo] = field(default_factory=dict)  # types and shapes of the forward's values
 
 
 
@@ -184,12 +185,12 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     extra_outputs = [value_info(n, infos.get(n)) for n in extras]
     loss_vi = value_info(loss_name, infos.get(loss_name))
     outputs = [loss_vi, *extra_outputs, *grad_outputs, *buffer_outputs]
-    train_nodes = prune_nodes([*forward_nodes, *gb.nodes, *acc.nodes], [o.name for o in outputs])
+    train_nodes, train_reads = _prune([*forward_nodes, *gb.nodes, *acc.nodes], [o.name for o in outputs])
     train_graph = helper.make_graph(
         train_nodes, "training",
         [*user_inputs, *labels, *state_inputs, *grad_inputs,
          helper.make_tensor_value_info(names.LAZY_RESET_GRAD, onnx.TensorProto.BOOL, [])],
-        outputs, initializer=_used([*full.initializer, *gb.initializers, *acc.initializers], train_nodes))
+        outputs, initializer=_used([*full.initializer, *gb.initializers, *acc.initializers], train_reads))
     meta = TrainingMeta(
         user_inputs=[i.name for i in user_inputs], labels=[i.name for i in labels], loss=loss_name,
         additional_outputs=list(extras), trainable=list(plan.trainable), frozen=list(plan.frozen),
@@ -200,12 +201,12 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     # The forward's other outputs stay computable (not as graph outputs: onnxruntime drops their nodes when it
     # evaluates) so that an inference model can be exported with them, e.g. softmax probabilities beside the
     # logits a loss reads.
-    eval_nodes = prune_nodes(forward_nodes, [loss_name, *extras, *output_names])
+    eval_nodes, eval_reads = _prune(forward_nodes, [loss_name, *extras, *output_names])
     eval_graph = helper.make_graph(eval_nodes, "eval", [*user_inputs, *labels, *state_inputs],
-                                   [loss_vi, *extra_outputs], initializer=_used(full.initializer, eval_nodes))
+                                   [loss_vi, *extra_outputs], initializer=_used(full.initializer, eval_reads))
     eval_passes = PassManager([EvalMode(), DropUnreadIndices()])(_model(model, eval_graph, meta))
     return TrainingGraphs(training, eval_passes.model, [i.name for i in user_inputs], [i.name for i in labels],
-                          eval_checked=eval_passes.modified)
+                          eval_checked=eval_passes.modified, infos=infos)
 
 
 def _copy_nodes(nodes) -> list[onnx.NodeProto]:
@@ -215,12 +216,27 @@ def _copy_nodes(nodes) -> list[onnx.NodeProto]:
     return list(holder.node)
 
 
-def _used(initializers, nodes) -> list[onnx.TensorProto]:
-    consumed = {x for n in nodes for x in node_inputs(n)}
+def _prune(nodes: list[onnx.NodeProto], outputs: list[str]) -> tuple[list[onnx.NodeProto], set[str]]:
+    """``prune_nodes(nodes, outputs)`` and every value the kept nodes read, found in the same walk."""
+    needed = set(outputs)
+    needed.discard("")
+    kept, read = [], set()
+    for node in reversed(nodes):
+        if not needed.isdisjoint(node.output):
+            kept.append(node)
+            xs = node_inputs(node)
+            needed.update(xs)
+            read.update(xs)
+            needed.discard("")
+    kept.reverse()
+    return kept, read
+
+
+def _used(initializers, read: set[str]) -> list[onnx.TensorProto]:
+    """The ``initializers`` among the values ``read``, each name once."""
     seen, out = set(), []
     for init in initializers:
-        if init.name in consumed and init.name not in seen:
+        if init.name in read and init.name not in seen:
             seen.add(init.name)
             out.append(init)
     return out
-

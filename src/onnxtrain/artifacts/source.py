@@ -12,7 +12,7 @@ from onnx import numpy_helper
 
 from onnxtrain.artifacts.foreign import Detached, annotate_reshape_ranks, detach_foreign_ops
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
-from onnxtrain.ir.passes import clone, declare_as_inputs, default_opset, node_inputs
+from onnxtrain.ir.passes import clone, clone_without, declare_as_inputs, default_opset, node_inputs
 
 __all__ = ["SourceModel", "load_source_model", "MIN_OPSET", "KEEP_OPSET_FROM"]
 
@@ -55,7 +55,7 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     # The caller's model stays untouched; the graph is copied without its initializers (CopyFrom: 25x faster
     # than a serialization), whose values are read once into ``weights``. A model read from a file is then
     # dropped, so one copy of the weights is alive during generation, not two (docs/memory.md).
-    proto = _copy_without_initializers(original)
+    proto = clone_without(original, "initializer")
     opset = default_opset(proto)
     if opset is None:
         raise ValueError("the model imports no default-domain (ai.onnx) opset")
@@ -104,27 +104,6 @@ def _split_sequences(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> 
     out.graph.input.extend(kept)
     del out.graph.initializer[:]
     return out
-
-
-def _copy_without_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``proto`` whose graph has no initializers (everything else copied as is)."""
-    copy = onnx.ModelProto()
-    for field, value in proto.ListFields():
-        if field.name != "graph":
-            _set_field(copy, field, value)
-    for field, value in proto.graph.ListFields():
-        if field.name != "initializer":
-            _set_field(copy.graph, field, value)
-    return copy
-
-
-def _set_field(message, field, value) -> None:
-    if field.label == field.LABEL_REPEATED:
-        getattr(message, field.name).extend(value)
-    elif field.message_type is not None:
-        getattr(message, field.name).CopyFrom(value)
-    else:
-        setattr(message, field.name, value)
 
 
 def _unalias_initializers(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> None:

@@ -40,9 +40,12 @@ class _Ops:
         self._b = builder
 
     def __getattr__(self, op_type: str):
-        def emit(*inputs: str | None, _outputs: int | Sequence[str] = 1, _name: str | None = None, **attrs: Any):
-            return self._b.node(op_type, inputs, _outputs, name=_name, **attrs)
+        node = self._b.node
 
+        def emit(*inputs: str | None, _outputs: int | Sequence[str] = 1, _name: str | None = None, **attrs: Any):
+            return node(op_type, inputs, _outputs, name=_name, **attrs)
+
+        setattr(self, op_type, emit)  # found directly from now on: __getattr__ runs once per op type
         return emit
 
 
@@ -67,11 +70,12 @@ class GraphBuilder:
 
     def unique(self, hint: str) -> str:
         """A fresh value name derived from ``hint``."""
-        name = f"{self.prefix}{hint}"
-        while name in self._taken:
+        name = self.prefix + hint
+        taken = self._taken
+        while name in taken:
             self._counter += 1
             name = f"{self.prefix}{hint}_{self._counter}"
-        self._taken.add(name)
+        taken.add(name)
         return name
 
     def reserve(self, name: str) -> str:
@@ -88,23 +92,26 @@ class GraphBuilder:
     def node(self, op_type: str, inputs: Sequence[str | None], outputs: int | Sequence[str] = 1,
              name: str | None = None, **attrs: Any) -> Any:
         """Append one node; returns its output name, or a list of names for several outputs."""
-        if isinstance(outputs, int):
-            out_names = [self.unique(f"{op_type}_out") for _ in range(outputs)]
+        # called for every node of a gradient graph: no work for what a node does not have (attributes, fields)
+        if type(outputs) is int:
+            out_names = [self.unique(op_type + "_out") for _ in range(outputs)]
         else:
             out_names = list(outputs)
             self._taken.update(out_names)
-        attrs = {k: v for k, v in attrs.items() if v is not None}
         names = [i or "" for i in inputs]
         while names and not names[-1]:   # trailing optional inputs are left out (older opsets have fewer slots)
             names.pop()
         n = onnx.NodeProto(op_type=op_type, input=names, output=out_names, name=self.unique(name or op_type))
-        for field in _NODE_FIELDS.intersection(attrs):  # helper.make_node's keywords (a node of another domain)
-            value = attrs.pop(field)
-            if value or field != "doc_string":  # as make_node: an empty doc_string is not set
-                setattr(n, field, value)
-        n.attribute.extend(_attribute(key, value) for key, value in sorted(attrs.items()))
+        if attrs:
+            attrs = {k: v for k, v in attrs.items() if v is not None}
+            for field in _NODE_FIELDS.intersection(attrs):  # helper.make_node's keywords (a node of another domain)
+                value = attrs.pop(field)
+                if value or field != "doc_string":  # as make_node: an empty doc_string is not set
+                    setattr(n, field, value)
+            if attrs:
+                n.attribute.extend([_attribute(key, value) for key, value in sorted(attrs.items())])
         self.nodes.append(n)
-        return out_names[0] if isinstance(outputs, int) and outputs == 1 else out_names
+        return out_names[0] if type(outputs) is int and outputs == 1 else out_names
 
     def const(self, value: Any, dtype: Any = None, name: str | None = None) -> str:
         """A constant initializer; small constants with equal value and dtype are shared."""

@@ -19,6 +19,7 @@ import onnx
 
 from onnxtrain.errors import OnnxTrainError, PassError
 from onnxtrain.ir.files import PROTO_LIMIT
+from onnxtrain.ir.passes import shared_node_indices
 
 __all__ = ["PassResult", "Pass", "PassManager", "check_default_domain"]
 
@@ -97,13 +98,14 @@ class PassManager:
 
     def __call__(self, model: onnx.ModelProto) -> PassResult:
         produced: list[tuple[Pass, onnx.ModelProto]] = []
-        for pass_ in self.passes:
-            result = pass_.run(model)
-            if result.modified:
-                produced.append((pass_, result.model))
-                model = result.model
-                if type(pass_).ensures is not Pass.ensures:
-                    pass_.ensures(model)
+        with shared_node_indices():  # a pass that changes nothing leaves its index to the next one
+            for pass_ in self.passes:
+                result = pass_.run(model)
+                if result.modified:
+                    produced.append((pass_, result.model))
+                    model = result.model
+                    if type(pass_).ensures is not Pass.ensures:
+                        pass_.ensures(model)
         if not produced:
             return PassResult(model, False)
         last, final = produced[-1]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -12,7 +14,8 @@ from onnx import numpy_helper
 
 __all__ = ["declare_as_inputs", "prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs",
            "has_subgraphs", "ancestors", "producer_index", "reader_index", "fresh_name", "rename_values",
-           "default_opset", "clone"]
+           "default_opset", "clone", "clone_without", "NodeIndex", "node_index", "shared_node_indices",
+           "share_derived_index"]
 
 M = TypeVar("M", bound=Message)
 
@@ -165,3 +168,133 @@ def clone(message: M) -> M:
     out = type(message)()
     out.CopyFrom(message)
     return out
+
+
+def clone_without(model: onnx.ModelProto, graph_field: str) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph lacks the repeated field ``graph_field`` (``"node"``, ``"initializer"``):
+    for a caller that refills it, a copy of everything else alone."""
+    out = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _set_field(out, field, value)
+    for field, value in model.graph.ListFields():
+        if field.name != graph_field:
+            _set_field(out.graph, field, value)
+    return out
+
+
+def _set_field(message: Message, field, value) -> None:
+    if field.label == field.LABEL_REPEATED:
+        getattr(message, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(message, field.name).CopyFrom(value)
+    else:
+        setattr(message, field.name, value)
+
+
+class NodeIndex:
+    """A model's nodes with what every graph walk of a pass needs: each node's inputs (``node_inputs``), the
+    producer of each value and, memoized, the ancestors of a value. Reading a protobuf node's fields costs
+    microseconds each, so passes that only read a model share one index (:func:`node_index`)."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.nodes: list[onnx.NodeProto] = list(model.graph.node)
+        self.reads: list[list[str]] = []
+        self.implicit: dict[int, list[str]] = {}  # node index -> the outer values its subgraphs read
+        for k, n in enumerate(self.nodes):
+            if has_subgraphs(n):
+                self.implicit[k] = implicit_inputs(n)
+                self.reads.append([*n.input, *self.implicit[k]])
+            else:
+                self.reads.append(list(n.input))
+        self.producer: dict[str, int] = producer_index(self.nodes)
+        self._ancestors: dict[str, frozenset[int]] = {}
+
+    def ancestors(self, value: str) -> frozenset[int]:
+        """The indices of the nodes ``value`` is computed from, its producer included (as :func:`ancestors`)."""
+        if value not in self._ancestors:
+            reads, producer = self.reads, self.producer
+            seen: set[int] = set()
+            stack = [value]
+            while stack:
+                k = producer.get(stack.pop())
+                if k is not None and k not in seen:
+                    seen.add(k)
+                    stack.extend(reads[k])
+            self._ancestors[value] = frozenset(seen)
+        return self._ancestors[value]
+
+
+class _Scopes(threading.local):
+    """The open :func:`shared_node_indices` blocks of a thread, innermost last (two threads generating artifacts
+    at once do not share them)."""
+
+    def __init__(self) -> None:
+        self.stack: list[dict[int, tuple[onnx.ModelProto, NodeIndex]]] = []
+
+
+_scopes = _Scopes()
+
+
+def node_index(model: onnx.ModelProto) -> NodeIndex:
+    """The :class:`NodeIndex` of ``model``: inside :func:`shared_node_indices`, computed once per model object."""
+    if not _scopes.stack:
+        return NodeIndex(model)
+    entry = _scopes.stack[-1].get(id(model))
+    if entry is None or entry[0] is not model:
+        entry = _scopes.stack[-1][id(model)] = (model, NodeIndex(model))
+    return entry[1]
+
+
+def share_derived_index(model: onnx.ModelProto, base: NodeIndex, inserted_after: Mapping[int, int],
+                        changed: Iterable[int]) -> None:
+    """Inside :func:`shared_node_indices`, give ``model`` the index derived from ``base`` (the index of the model
+    ``model`` was made from) instead of one built from scratch: ``model`` is that model with ``inserted_after[k]``
+    new nodes right after its node k and its nodes ``changed`` (old positions) edited; every other node is the
+    same. Only the new and edited nodes are read."""
+    if not _scopes.stack:
+        return
+    nodes = list(model.graph.node)
+    position, shift = [], 0
+    for k in range(len(base.nodes)):
+        position.append(k + shift)
+        shift += inserted_after.get(k, 0)
+    if len(nodes) != len(base.nodes) + shift:
+        raise ValueError(f"{len(nodes)} nodes, expected {len(base.nodes)} + {shift} inserted")
+    index = NodeIndex.__new__(NodeIndex)
+    index.nodes, index._ancestors = nodes, {}
+    reads: list[list[str] | None] = [None] * len(nodes)
+    for k, xs in enumerate(base.reads):
+        reads[position[k]] = xs
+    index.implicit = {position[k]: xs for k, xs in base.implicit.items()}
+    index.producer = {v: position[k] for v, k in base.producer.items()}
+    fresh = [position[k] for k in changed]
+    for k in changed:
+        for o in base.nodes[k].output:
+            if o and index.producer.get(o) == position[k]:
+                del index.producer[o]
+    fresh += [i for i, xs in enumerate(reads) if xs is None]
+    for i in fresh:
+        node = nodes[i]
+        index.implicit.pop(i, None)
+        if has_subgraphs(node):
+            index.implicit[i] = implicit_inputs(node)
+            reads[i] = [*node.input, *index.implicit[i]]
+        else:
+            reads[i] = list(node.input)
+        for o in node.output:
+            if o:
+                index.producer[o] = i
+    index.reads = reads  # type: ignore[assignment]
+    _scopes.stack[-1][id(model)] = (model, index)
+
+
+@contextlib.contextmanager
+def shared_node_indices() -> Iterator[None]:
+    """Within this block, :func:`node_index` computes each model's index once (the models must not change in
+    place meanwhile: passes return new models, as :class:`~onnxtrain.ir.pass_infra.PassManager` runs them)."""
+    _scopes.stack.append({})
+    try:
+        yield
+    finally:
+        _scopes.stack.pop()

@@ -47,24 +47,24 @@ The nodes are then put back in a topological order that keeps the original order
 from __future__ import annotations
 
 import heapq
+from collections.abc import Set
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
-from onnxtrain.artifacts.passes.recompute import forward_nodes
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.errors import ArtifactError
 from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import (
+    NodeIndex,
     clone,
-    constant_values,
+    clone_without,
     fresh_name,
     has_subgraphs,
+    node_index,
     node_inputs,
-    producer_index,
     reader_index,
-    used_names,
 )
 
 __all__ = ["BackwardOrder"]
@@ -87,10 +87,9 @@ class BackwardOrder(Pass):
 
     def call(self, model: onnx.ModelProto) -> PassResult:
         graph = model.graph
-        nodes = list(graph.node)
-        forward = forward_nodes(nodes, self.loss or graph.output[0].name)
-        producer = producer_index(nodes)
-        reads = [node_inputs(n) for n in nodes]
+        index = node_index(model)
+        nodes, producer, reads = index.nodes, index.producer, index.reads
+        forward = index.ancestors(self.loss or graph.output[0].name)
         read_by_backward = [producer[x] for k in range(len(nodes)) if k not in forward
                             for x in reads[k] if producer.get(x) in forward]
         if not read_by_backward:
@@ -98,7 +97,7 @@ class BackwardOrder(Pass):
         start = max(read_by_backward)
         chain = _downstream(nodes, reads, start, forward)
         early = {k for k in range(len(nodes)) if k not in forward and k not in chain}
-        constants = constant_values(graph) | {i.name: None for i in graph.initializer}
+        constants = _constant_names(graph)
         waits: dict[int, list[str]] = {}   # node -> the values it waits for
         readers = reader_index(reads)
 
@@ -135,30 +134,41 @@ class BackwardOrder(Pass):
         last = {k: 2 * len(nodes) - k for k in writers}
         if not waits and not writers:
             return PassResult(model, False)
-        return PassResult(_with_waits(model, waits, constants, last), True)
+        return PassResult(_with_waits(model, waits, constants, last, index), True)
 
 
-def _with_waits(model: onnx.ModelProto, waits: dict[int, list[str]], constants,
-                keys: dict[int, int]) -> onnx.ModelProto:
+def _with_waits(model: onnx.ModelProto, waits: dict[int, list[str]], constants: set[str], keys: dict[int, int],
+                index: NodeIndex) -> onnx.ModelProto:
     """A copy of ``model`` in which node k cannot run before the values ``waits[k]`` exist, in a topological order
-    that keeps the original one (or ``keys[k]`` instead of node k's position) wherever it can."""
-    out = clone(model)
-    taken = used_names(out.graph)
+    that keeps the original one (or ``keys[k]`` instead of node k's position) wherever it can; ``index`` is
+    ``model``'s."""
+    nodes, producer = index.nodes, index.producer
+    out = clone_without(model, "node")  # the nodes are copied once, into their new order
+    graph = out.graph
+    # every name in the graph (as used_names): a node input is a node's output, a graph input or an initializer
+    taken = {*producer, *(n.name for n in nodes), *(v.name for v in graph.input), *(v.name for v in graph.output),
+             *(v.name for v in graph.value_info), *(i.name for i in graph.initializer)}
+    taken.discard("")
     zero = fresh_name("backward_order/zero", taken)
-    out.graph.initializer.append(numpy_helper.from_array(np.array(0, np.int64), zero))
+    graph.initializer.append(numpy_helper.from_array(np.array(0, np.int64), zero))
     added: list[tuple[int, onnx.NodeProto]] = []
     nothing: dict[str, str] = {}  # value -> 0 * Size(value), built once per value
+
+    def emit(k: int, op_type: str, inputs: list[str], output: str) -> None:
+        added.append((k, onnx.NodeProto(op_type=op_type, input=inputs, output=[output], name=output)))
 
     def zero_after(k: int, value: str) -> str:
         if value not in nothing:
             size, product = fresh_name(value + "/size", taken), fresh_name(value + "/size_times_zero", taken)
-            added.extend([(k, helper.make_node("Size", [value], [size], name=size)),
-                          (k, helper.make_node("Mul", [size, zero], [product], name=product))])
+            emit(k, "Size", [value], size)
+            emit(k, "Mul", [size, zero], product)
             nothing[value] = product
         return nothing[value]
 
+    nodes = list(nodes)
+    reads = list(index.reads)
     for k, values in waits.items():
-        node = out.graph.node[k]
+        node = nodes[k] = clone(nodes[k])
         name = node.name or node.output[0]
         j = 1 if node.op_type == "Reshape" else next(j for j, x in enumerate(node.input) if x and x not in constants)
         x = node.input[j]
@@ -166,20 +176,36 @@ def _with_waits(model: onnx.ModelProto, waits: dict[int, list[str]], constants,
             total = x
         else:
             total = fresh_name(f"{name}{SUFFIX}_shape", taken)
-            added.append((k, helper.make_node("Shape", [x], [total], name=total)))
+            emit(k, "Shape", [x], total)
         for value in values:
             after = fresh_name(f"{name}{SUFFIX}_after", taken)
-            added.append((k, helper.make_node("Add", [total, zero_after(k, value)], [after], name=after)))
+            emit(k, "Add", [total, zero_after(k, value)], after)
             total = after
         if node.op_type != "Reshape":
             view = fresh_name(f"{name}{SUFFIX}", taken)
-            added.append((k, helper.make_node("Reshape", [x, total], [view], name=view)))
+            emit(k, "Reshape", [x, total], view)
             total = view
         node.input[j] = total
-    ordered = _stable_topological([(keys.get(k, k), n) for k, n in enumerate(out.graph.node)] + added)
-    del out.graph.node[:]
-    out.graph.node.extend(ordered)
+        reads[k] = node_inputs(node)
+    n = len(nodes)
+    # a node made for node k sorts right before it (none is a writer that ``keys`` moves)
+    order = _stable_topological([keys.get(k, k) for k in range(n)] + [k - 0.5 for k, _ in added],
+                                reads + [list(a.input) for _, a in added],
+                                {**producer, **{a.output[0]: n + j for j, (_, a) in enumerate(added)}})
+    items = nodes + [a for _, a in added]
+    graph.node.extend(items[i] for i in order)
     return out
+
+
+def _constant_names(graph: onnx.GraphProto) -> set[str]:
+    """The initializers and the outputs of Constant nodes holding a number or a tensor (as ``constant_values``)."""
+    names = {i.name for i in graph.initializer}
+    names.update(n.output[0] for n in graph.node if n.op_type == "Constant"
+                 and any(a.name in _CONSTANT_ATTRIBUTES for a in n.attribute))
+    return names
+
+
+_CONSTANT_ATTRIBUTES = frozenset({"value", "value_int", "value_float", "value_ints", "value_floats"})
 
 
 def _folded_into_matmul(nodes: list[onnx.NodeProto], k: int, readers: dict[str, list[int]]) -> bool:
@@ -208,7 +234,7 @@ def _computed(nodes: list[onnx.NodeProto], producer: dict[str, int], side: set[i
     return value
 
 
-def _downstream(nodes: list[onnx.NodeProto], reads: list[list[str]], start: int, forward: set[int]) -> set[int]:
+def _downstream(nodes: list[onnx.NodeProto], reads: list[list[str]], start: int, forward: Set[int]) -> set[int]:
     """The non-forward nodes that read an output of node ``start``, directly or through other such nodes."""
     values = {o for o in nodes[start].output if o}
     found: set[int] = set()
@@ -220,16 +246,16 @@ def _downstream(nodes: list[onnx.NodeProto], reads: list[list[str]], start: int,
 
 
 def _main_nodes(nodes: list[onnx.NodeProto], reads: list[list[str]], chain: set[int], outputs: set[str]) -> set[int]:
-    """The chain nodes that two or more graph outputs depend on."""
+    """The chain nodes that two or more graph outputs depend on. Only chain nodes read chain values (a forward
+    node that did would make its producer part of the forward), so the walk visits the chain alone."""
     reaches: dict[str, int] = {}  # value -> bit set of the graph outputs that depend on it
     bits = {o: 1 << i for i, o in enumerate(sorted(outputs))}
     main = set()
-    for k in range(len(nodes) - 1, -1, -1):
-        node = nodes[k]
+    for k in sorted(chain, reverse=True):
         mask = 0
-        for o in node.output:
+        for o in nodes[k].output:
             mask |= reaches.get(o, 0) | bits.get(o, 0)
-        if k in chain and mask & (mask - 1):
+        if mask & (mask - 1):
             main.add(k)
         for x in reads[k]:
             reaches[x] = reaches.get(x, 0) | mask
@@ -251,25 +277,27 @@ def _first_chain_reader(nodes: list[onnx.NodeProto], readers: dict[str, list[int
     return first
 
 
-def _stable_topological(items: list[tuple[int, onnx.NodeProto]]) -> list[onnx.NodeProto]:
-    """The nodes in a topological order that takes them by their keys (original positions) whenever it can."""
-    producers = {o for _, n in items for o in n.output if o}
-    missing = [{x for x in node_inputs(n) if x in producers} for _, n in items]
-    readers: dict[str, list[int]] = {}
-    for i, needs in enumerate(missing):
-        for x in needs:
-            readers.setdefault(x, []).append(i)
-    ready = [(key, i) for i, (key, _) in enumerate(items) if not missing[i]]
+def _stable_topological(keys: list[float], reads: list[list[str]], producer: dict[str, int]) -> list[int]:
+    """The items (``reads[i]``: the inputs of item i, ``producer``: value -> the item computing it) in the
+    topological order that takes the item of smallest key (then position) whenever several are ready."""
+    missing = [0] * len(keys)  # inputs (each counted once) whose producer is not placed yet
+    readers: list[list[int]] = [[] for _ in keys]
+    for i, xs in enumerate(reads):
+        for x in set(xs):
+            p = producer.get(x)
+            if p is not None:
+                readers[p].append(i)
+                missing[i] += 1
+    ready = [(key, i) for i, key in enumerate(keys) if not missing[i]]
     heapq.heapify(ready)
     ordered = []
     while ready:
         _, i = heapq.heappop(ready)
-        ordered.append(items[i][1])
-        for o in items[i][1].output:
-            for r in readers.get(o, []):
-                missing[r].discard(o)
-                if not missing[r]:
-                    heapq.heappush(ready, (items[r][0], r))
-    if len(ordered) != len(items):
-        raise ValueError(f"{len(items) - len(ordered)} nodes are in a cycle after adding the backward's waits")
+        ordered.append(i)
+        for r in readers[i]:
+            missing[r] -= 1
+            if not missing[r]:
+                heapq.heappush(ready, (keys[r], r))
+    if len(ordered) != len(keys):
+        raise ValueError(f"{len(keys) - len(ordered)} nodes are in a cycle after adding the backward's waits")
     return ordered

@@ -36,13 +36,15 @@ first reader in the graph's order, so that the copy waits for the backward to ge
 from __future__ import annotations
 
 import functools
+import math
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import ancestors, clone, constant_values, fresh_name, implicit_inputs, node_inputs, used_names
+from onnxtrain.ir.passes import ancestors, clone, fresh_name, node_index, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
 __all__ = ["RecomputeInBackward", "forward_nodes"]
@@ -52,25 +54,44 @@ UNARY = frozenset({"Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Tan
 BINARY_WITH_CONSTANT = frozenset({"Add", "Sub", "Mul", "Div", "Pow"})
 SUFFIX = "/recomputed"
 _START = -1  # a chain's first op: reads only values that stay alive anyway
+# Ops whose output may be a sequence or an optional (the rest make tensors, in a graph the checker accepts)
+_MAY_NOT_MAKE_TENSORS = frozenset({"SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceErase",
+                                   "SplitToSequence", "SequenceMap", "Optional", "OptionalGetElement", "If", "Loop",
+                                   "Scan"})
 
 
 class RecomputeInBackward(Pass):
     """Recompute, in the backward, the cheap forward values the gradient nodes read (cases in the module's
     docstring)."""
 
-    def __init__(self, loss: str | None = None):
+    def __init__(self, loss: str | None = None, infos: Mapping[str, TensorInfo] | None = None):
         self.loss = loss  # None: the graph's first output
+        # types and shapes already known for the forward's values (generate_artifacts'): the pass then infers the
+        # whole graph's only for a value they lack
+        self.infos = infos
 
     def call(self, model: onnx.ModelProto) -> PassResult:
         graph = model.graph
-        forward = forward_nodes(graph.node, self.loss or graph.output[0].name)
-        producer = {o: k for k, n in enumerate(graph.node) if k in forward for o in n.output if o}
-        constants = {k: v for k, v in constant_values(graph).items() if v.size == 1}
+        index = node_index(model)
+        forward = index.ancestors(self.loss or graph.output[0].name)
+        producer = {o: k for o, k in index.producer.items() if k in forward}
+        constants = _one_element_constants(graph)
         # shape inference only if a candidate needs a rank (a CNN has none: its generation does not pay for it)
-        infos = functools.cache(lambda: infer_tensor_info(model))
-        kept = {x for k, n in enumerate(graph.node) if k not in forward for x in node_inputs(n) if x in producer}
+        inferred = functools.cache(lambda: infer_tensor_info(model))
+
+        def infos(*values: str) -> Mapping[str, TensorInfo]:
+            """Infos that cover ``values``."""
+            given = self.infos
+            return given if given is not None and all(v in given for v in values) else inferred()
+
+        def computed_tensor(node: onnx.NodeProto) -> bool:
+            """Whether the node's first output is a tensor (what ``Size`` can read)."""
+            if self.infos is None:
+                return node.output[0] in inferred()
+            return bool(node.output[0]) and node.op_type not in _MAY_NOT_MAKE_TENSORS
+        kept = {x for k, xs in enumerate(index.reads) if k not in forward for x in xs if x in producer}
         # a value a subgraph reads stays alive for it: nothing to gain, and the rewrite reads direct inputs only
-        captured = {x for k, n in enumerate(graph.node) if k not in forward for x in implicit_inputs(n)}
+        captured = {x for k, xs in index.implicit.items() if k not in forward for x in xs}
 
         chains: dict[str, int | None] = {}  # value -> its producer's input that continues a chain, or _START
 
@@ -87,15 +108,15 @@ class RecomputeInBackward(Pass):
             if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
                 return None
             if node.op_type == "MatMul":  # batched, of two activations: not a projection by a weight
-                ok = all(x in producer and _rank(infos(), x) >= 3 and not recomputable(x) for x in node.input)
-                return _START if ok and all(x in kept or _smaller(infos(), x, v) for x in node.input) else None
+                ok = all(x in producer and _rank(infos(x), x) >= 3 and not recomputable(x) for x in node.input)
+                return _START if ok and all(x in kept or _smaller(infos(x, v), x, v) for x in node.input) else None
             k = _variable_input(node, constants)
             if k is None:
                 return None
             x = node.input[k]
             if x in producer and recomputable(x):  # continues the copy of x's chain
                 return k
-            if stays(x) and _rank(infos(), x) >= 0:
+            if stays(x) and _rank(infos(x), x) >= 0:
                 return _START
             return None
 
@@ -117,7 +138,7 @@ class RecomputeInBackward(Pass):
             (see the module's docstring)."""
             shape = unique(x + SUFFIX + "/shape")
             out.graph.initializer.append(numpy_helper.from_array(
-                np.array([0] * (_rank(infos(), x) - 1) + [-1] if _rank(infos(), x) else [], np.int64), shape))
+                np.array([0] * (_rank(infos(x), x) - 1) + [-1] if _rank(infos(x), x) else [], np.int64), shape))
             if reached:
                 if not zero:
                     zero.append(unique(SUFFIX.strip("/") + "/zero"))
@@ -158,7 +179,7 @@ class RecomputeInBackward(Pass):
                 for j, x in enumerate(node.input):
                     if x in producer and chains.get(x) is not None:
                         node.input[j] = copy_of(x)
-                if node.output and node.output[0] in infos():
+                if node.output and computed_tensor(node):
                     reached.append(node.output[0])
             nodes.append(node)
         del out.graph.node[:]
@@ -187,7 +208,21 @@ def _smaller(infos: dict[str, TensorInfo], x: str, product: str) -> bool:
     return all(isinstance(d, int) for d in dims) and dims[0] * dims[1] < dims[2] * dims[3]
 
 
-def _variable_input(node: onnx.NodeProto, constants: dict) -> int | None:
+def _one_element_constants(graph: onnx.GraphProto) -> set[str]:
+    """The names of the graph's one-element constants (initializers and Constant nodes), from their dimensions
+    alone: the values themselves are not needed."""
+    names = {i.name for i in graph.initializer if not i.external_data and math.prod(i.dims) == 1}
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if ((attr.name == "value" and math.prod(attr.t.dims) == 1) or attr.name in ("value_int", "value_float")
+                        or (attr.name == "value_ints" and len(attr.ints) == 1)
+                        or (attr.name == "value_floats" and len(attr.floats) == 1)):
+                    names.add(node.output[0])
+    return names
+
+
+def _variable_input(node: onnx.NodeProto, constants: set[str]) -> int | None:
     """The index of the one non-constant input of a unary or binary-with-constant node, or None."""
     if node.op_type in UNARY and len(node.input) == 1:
         return 0

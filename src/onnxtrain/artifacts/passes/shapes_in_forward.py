@@ -27,7 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import ancestors, clone, fresh_name, has_subgraphs, implicit_inputs, producer_index
+from onnxtrain.ir.passes import clone, fresh_name, node_index, share_derived_index
 
 __all__ = ["ShapesInForward"]
 
@@ -42,15 +42,15 @@ class ShapesInForward(Pass):
 
     def call(self, model: onnx.ModelProto) -> PassResult:
         graph = model.graph
-        nodes = list(graph.node)
-        made = producer_index(nodes)
-        forward = ancestors(nodes, [self.loss or graph.output[0].name], made)
+        index = node_index(model)
+        nodes, made = index.nodes, index.producer
+        forward = index.ancestors(self.loss or graph.output[0].name)
         producer = {o: k for o, k in made.items() if k in forward}
-        captured = {x for n in nodes if has_subgraphs(n) for x in implicit_inputs(n)}
+        captured = {x for xs in index.implicit.values() for x in xs}
         backward_readers: dict[str, list[int]] = {}
-        for k, node in enumerate(nodes):
+        for k, xs in enumerate(index.reads):
             if k not in forward:
-                for x in node.input:
+                for x in xs[:len(xs) - len(index.implicit.get(k, ()))]:  # its own inputs
                     if x in producer:
                         backward_readers.setdefault(x, []).append(k)
         candidates = {x for x, readers in backward_readers.items()
@@ -89,6 +89,8 @@ class ShapesInForward(Pass):
         for k in sorted(after, reverse=True):  # from the end, so that the earlier positions stay valid
             for offset, node in enumerate(after[k], 1):
                 graph.node.insert(k + offset, node)
+        share_derived_index(out, index, {k: len(v) for k, v in after.items()},
+                            {*replaced, *(k for x in targets for k in forward_readers[x])})
         return PassResult(out, True)
 
     @staticmethod
