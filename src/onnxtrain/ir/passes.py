@@ -183,8 +183,14 @@ def clone_without(model: onnx.ModelProto, graph_field: str) -> onnx.ModelProto:
     return out
 
 
+def _is_repeated(field) -> bool:
+    """Whether a protobuf field is repeated: ``is_repeated`` (protobuf 7 removed ``label``), else ``label``."""
+    repeated = getattr(field, "is_repeated", None)
+    return repeated if repeated is not None else field.label == field.LABEL_REPEATED
+
+
 def _set_field(message: Message, field, value) -> None:
-    if field.label == field.LABEL_REPEATED:
+    if _is_repeated(field):
         getattr(message, field.name).extend(value)
     elif field.message_type is not None:
         getattr(message, field.name).CopyFrom(value)
