@@ -489,3 +489,18 @@ def test_the_garbage_collector_is_left_as_it_was(enabled, tmp_path, monkeypatch)
         assert seen == [False] and gc.isenabled() == enabled
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize(("opset", "source_ir", "expected_ir"), [(17, onnx.IR_VERSION, 8), (18, 10, 8), (13, 7, 8),
+                                                                 (19, onnx.IR_VERSION, 9), (21, 10, 10)])
+def test_artifacts_declare_the_lowest_ir_version_their_opset_allows(tmp_path, opset, source_ir, expected_ir):
+    # onnx.helper writes its newest IR version (14 with onnx 1.23); onnxruntime 1.17 reads IR 9 at most, so
+    # artifacts that kept it would not load in an onnxruntime that runs the source model's opset
+    forward = models.mlp()
+    forward.opset_import[0].version = opset
+    forward.ir_version = source_ir
+    generate_artifacts(forward, loss=LossType.MSELoss, optimizer=OptimType.AdamW, artifact_directory=tmp_path)
+    for file in ARTIFACTS:
+        proto = onnx.load(tmp_path / file)
+        assert proto.ir_version == expected_ir, file
+        onnx.checker.check_model(proto, full_check=True)

@@ -32,12 +32,12 @@ def test_adamw_modes_are_two_chains():
 ])
 def test_the_chain_declares_the_states(optimizer, states):
     assert optimizer.state_names == states
-    model = build_optimizer_model(optimizer, PARAMS, 17, 8)
+    model = build_optimizer_model(optimizer, PARAMS, 17)
     assert [i.name for i in model.graph.input][4:] == list(states)
 
 
 def _run(optimizer, lr=0.1):
-    session = ort.InferenceSession(build_optimizer_model(optimizer, PARAMS, 17, 8).SerializeToString(),
+    session = ort.InferenceSession(build_optimizer_model(optimizer, PARAMS, 17).SerializeToString(),
                                    providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     feeds = {i.name: rng.standard_normal(9).astype(np.float32) for i in session.get_inputs()}
@@ -84,4 +84,4 @@ def test_a_declared_state_left_unset_is_a_clear_error():
             return [Forgetful(), T.ScaleByLearningRate()]
 
     with pytest.raises(ValueError, match=r"declares the states \['trace'\] but no transform set"):
-        build_optimizer_model(Broken(), PARAMS, 17, 8)
+        build_optimizer_model(Broken(), PARAMS, 17)

@@ -161,7 +161,7 @@ def generate_artifacts(
         write(files, "eval", graphs.eval, checked=graphs.eval_checked, changed=lora_meta is not None)
         if opt_block is not None:
             write(files, "optimizer", build_optimizer_model(
-                opt_block, {p: source.weights[p] for p in plan.trainable}, source.opset, graphs.training.ir_version),
+                opt_block, {p: source.weights[p] for p in plan.trainable}, source.opset),
                   checked=False)
         # The backward keeps fewer forward values: the erf GELU's backward multiplies by its derivative, computed
         # from its input (GeluBackward); with a dynamic axis it reads the shapes of values it only needs the

@@ -18,7 +18,14 @@ from onnxtrain.blocks.base import Block, BuildContext
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.pass_infra import PassManager
-from onnxtrain.ir.passes import constant_values, default_opset, node_inputs, rename_values, used_names
+from onnxtrain.ir.passes import (
+    constant_values,
+    default_opset,
+    node_inputs,
+    portable_ir_version,
+    rename_values,
+    used_names,
+)
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info, value_info
 
 __all__ = ["TrainingGraphs", "build_graphs"]
@@ -38,7 +45,7 @@ class TrainingGraphs:
 def _model(template: onnx.ModelProto, graph: onnx.GraphProto, meta: dict) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[op for op in template.opset_import if op.domain in ("", "ai.onnx")],
                               producer_name="onnxtrain")
-    model.ir_version = max(template.ir_version, 8)
+    model.ir_version = portable_ir_version(model.opset_import)
     for key, value in meta.items():
         model.metadata_props.add(key=key, value=value)
     return model

@@ -12,12 +12,12 @@ from onnxtrain.blocks.base import BuildContext
 from onnxtrain.blocks.optim import Optimizer, OptimizerInputs
 from onnxtrain.conventions import OptimizerMeta
 from onnxtrain.ir.builder import GraphBuilder
+from onnxtrain.ir.passes import portable_ir_version
 
 __all__ = ["build_optimizer_model"]
 
 
-def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], opset: int,
-                          ir_version: int) -> onnx.ModelProto:
+def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], opset: int) -> onnx.ModelProto:
     """The optimizer model for ``params`` (name -> initial value, in flat-buffer order)."""
     dtypes = {v.dtype for v in params.values()}
     if len(dtypes) > 1:
@@ -57,7 +57,7 @@ def build_optimizer_model(optimizer: Optimizer, params: dict[str, np.ndarray], o
         + [helper.make_tensor_value_info(names.GRADIENTS_FINITE, onnx.TensorProto.BOOL, [])],
         initializer=b.initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="onnxtrain")
-    model.ir_version = ir_version
+    model.ir_version = portable_ir_version(model.opset_import)
     model = FoldOutputIdentities()(model).model
     meta = OptimizerMeta(type(optimizer).__name__, optimizer.config(), list(optimizer.state_names),
                          [(k, tuple(v.shape)) for k, v in params.items()], str(dtype))

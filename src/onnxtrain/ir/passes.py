@@ -10,12 +10,12 @@ from typing import TypeVar
 import numpy as np
 import onnx
 from google.protobuf.message import Message
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 __all__ = ["declare_as_inputs", "prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs",
            "has_subgraphs", "ancestors", "producer_index", "reader_index", "fresh_name", "rename_values",
-           "default_opset", "clone", "clone_without", "NodeIndex", "node_index", "shared_node_indices",
-           "share_derived_index"]
+           "default_opset", "portable_ir_version", "clone", "clone_without", "NodeIndex", "node_index",
+           "shared_node_indices", "share_derived_index"]
 
 M = TypeVar("M", bound=Message)
 
@@ -161,6 +161,13 @@ def declare_as_inputs(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) 
 def default_opset(model: onnx.ModelProto) -> int | None:
     """The version of the default (ai.onnx) opset the model imports, or None."""
     return next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), None)
+
+
+def portable_ir_version(opset_imports: Iterable[onnx.OperatorSetIdProto]) -> int:
+    """The IR version an artifact declares: the lowest its opset imports allow, and at least 8. The writing onnx
+    package's default (``helper.make_model``'s: IR 14 with onnx 1.23) would make an onnxruntime that runs
+    the source model refuse its artifacts (onnxruntime 1.17 reads IR 9 at most)."""
+    return max(8, helper.find_min_ir_version_for(list(opset_imports), ignore_unknown=True))
 
 
 def clone(message: M) -> M:

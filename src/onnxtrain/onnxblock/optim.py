@@ -141,5 +141,7 @@ def flat_optimizer_model(model: onnx.ModelProto, params: dict[str, np.ndarray]) 
     if record["type"] == "SGD":
         config.pop("betas")
     rule = _RULES[record["type"]](**config)
+    # The flat update uses ops of opset 13 or older; empty_base() defaults to the newest opset the onnx package
+    # knows, which an older onnxruntime (1.17 runs up to opset 20) would refuse for no reason.
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    return build_optimizer_model(rule, params, opset, model.ir_version)
+    return build_optimizer_model(rule, params, min(opset, 17))
