@@ -494,6 +494,8 @@ def test_the_garbage_collector_is_left_as_it_was(enabled, tmp_path, monkeypatch)
 @pytest.mark.parametrize(("opset", "source_ir", "expected_ir"), [(17, onnx.IR_VERSION, 8), (18, 10, 8), (13, 7, 8),
                                                                  (19, onnx.IR_VERSION, 9), (21, 10, 10)])
 def test_artifacts_declare_the_lowest_ir_version_their_opset_allows(tmp_path, opset, source_ir, expected_ir):
+    if opset > onnx.defs.onnx_opset_version():
+        pytest.skip(f"onnx {onnx.__version__} does not know opset {opset}")
     # onnx.helper writes its newest IR version (14 with onnx 1.23); onnxruntime 1.17 reads IR 9 at most, so
     # artifacts that kept it would not load in an onnxruntime that runs the source model's opset
     forward = models.mlp()

@@ -77,8 +77,10 @@ def safetensors_pieces(tensors: dict[str, np.ndarray], metadata: dict[str, str])
     arrays; the offsets and shapes are filled in here and the JSON written as its serializer does (compact,
     UTF-8, padded with spaces to a multiple of 8 bytes).
     """
-    layout = safetensors.numpy.save({k: np.empty((0,), a.dtype) for k, a in tensors.items()}, metadata=metadata)
-    order = json.loads(layout[8:8 + int.from_bytes(layout[:8], "little")])
+    order: dict = {}
+    if tensors:  # safetensors < 0.4.2 writes invalid JSON for no tensors with metadata ('{},"__metadata__":...')
+        layout = safetensors.numpy.save({k: np.empty((0,), a.dtype) for k, a in tensors.items()}, metadata=metadata)
+        order = json.loads(layout[8:8 + int.from_bytes(layout[:8], "little")])
     header: dict = {"__metadata__": metadata} if metadata else {}
     offset, pieces = 0, []
     for key, entry in order.items():

@@ -167,7 +167,11 @@ def portable_ir_version(opset_imports: Iterable[onnx.OperatorSetIdProto]) -> int
     """The IR version an artifact declares: the lowest its opset imports allow, and at least 8. The writing onnx
     package's default (``helper.make_model``'s: IR 14 with onnx 1.23) would make an onnxruntime that runs
     the source model refuse its artifacts (onnxruntime 1.17 reads IR 9 at most)."""
-    return max(8, helper.find_min_ir_version_for(list(opset_imports), ignore_unknown=True))
+    default = [helper.make_opsetid("", op.version) for op in opset_imports if op.domain in ("", "ai.onnx")]
+    try:
+        return max(8, helper.find_min_ir_version_for(default))
+    except ValueError:  # an opset newer than the onnx package knows: its newest IR version, the best it can tell
+        return onnx.IR_VERSION
 
 
 def clone(message: M) -> M:
