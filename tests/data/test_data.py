@@ -50,6 +50,22 @@ def test_bad_dataset_files(tmp_path, arrays, message):
         load_dataset(tmp_path / "bad.npz")
 
 
+def test_arrays_named_otherwise_get_the_conversion_command(tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "mine.npz", image=rng.random((6, 4, 4, 3), dtype=np.float32), label=rng.integers(0, 3, 6))
+    with pytest.raises(DatasetError) as caught:
+        load_dataset(tmp_path / "mine.npz")
+    command = str(caught.value).split("`")[1]
+    assert command.endswith("--x-key image --y-key label"), command
+    out = tmp_path / "mine_xy.npz"
+    assert f"-o {out}" in command
+    # the command it names does the conversion
+    args = command.split()[2:]
+    subprocess.run([sys.executable, "-m", "onnxtrain.cli", "data", *args], check=True, capture_output=True)
+    converted = load_dataset(out)
+    assert converted.x.shape == (6, 4, 4, 3) and converted.y.shape == (6,)
+
+
 def test_missing_folder_and_non_zip(tmp_path):
     with pytest.raises(DatasetError, match="not found"):
         load_dataset(tmp_path / "nope.npz")

@@ -111,8 +111,10 @@ def load_dataset(path: str | os.PathLike) -> Dataset:
             keys = list(npz.files)
             missing = [k for k in ("x", "y") if k not in keys]
             if missing:
+                x_key, y_key = _guess_keys(keys)
                 raise DatasetError(f"{path} has no array {missing[0]!r} (its arrays: {keys}); an onnxtrain dataset "
-                                   "holds arrays 'x' (inputs) and 'y' (labels)")
+                                   f"holds arrays 'x' (inputs) and 'y' (labels): convert it with `onnxtrain data "
+                                   f"{path} -o {_converted_name(path)} --x-key {x_key} --y-key {y_key}`")
             x, y = npz["x"], npz["y"]
             classes = [str(c) for c in npz["classes"]] if "classes" in keys else None
     except DatasetError:
@@ -125,3 +127,20 @@ def load_dataset(path: str | os.PathLike) -> Dataset:
     except (OSError, zipfile.BadZipFile, EOFError) as exc:
         raise DatasetError(f"{path} is corrupt or truncated: {exc}") from None
     return Dataset(x, y, classes).validate(path)
+
+
+_LABEL_NAMES = ("y", "label", "labels", "target", "targets", "class_ids", "classes_ids")
+
+
+def _guess_keys(keys: list[str]) -> tuple[str, str]:
+    """The arrays of an .npz file that most likely hold the inputs and the labels (for an error message)."""
+    labels = [k for k in keys if k.lower() in _LABEL_NAMES]
+    y_key = labels[0] if labels else "LABELS"
+    inputs = [k for k in keys if k != y_key and k != "classes"]
+    x_key = inputs[0] if len(inputs) == 1 else ("x" if "x" in keys else "INPUTS")
+    return x_key, y_key
+
+
+def _converted_name(path: str) -> str:
+    stem, _ = os.path.splitext(path)
+    return f"{stem}_xy.npz"
