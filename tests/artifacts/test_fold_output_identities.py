@@ -22,7 +22,7 @@ def _graph():
 
 
 def _model(graph):
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def _run(model):

@@ -42,7 +42,7 @@ def _shapes_model() -> onnx.ModelProto:
          helper.make_tensor_value_info("s", TensorProto.INT64, [3]),
          helper.make_tensor_value_info("tail", TensorProto.INT64, [2]),
          helper.make_tensor_value_info("n", TensorProto.INT64, [])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def test_shape_and_size_readers_read_a_shape_computed_in_the_forward():
@@ -83,7 +83,7 @@ def _dynamic_mlp() -> onnx.ModelProto:
          helper.make_node("MatMul", ["f", "W2"], ["y"])],
         "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", D])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])], initializer=inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def test_the_reshape_gradient_of_a_dynamic_batch_no_longer_keeps_its_input(tmp_path):

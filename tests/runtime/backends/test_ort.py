@@ -17,7 +17,7 @@ def affine_session() -> OrtSession:
          helper.make_tensor_value_info("w", TensorProto.FLOAT, [3]),
          helper.make_tensor_value_info("b", TensorProto.FLOAT, [3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model, full_check=True)
     return OrtSession(model)
 

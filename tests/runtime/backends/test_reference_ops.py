@@ -24,7 +24,7 @@ def test_global_max_pool_on_a_sequence_keeps_the_channels():
     graph = h.make_graph([node], "g", [h.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 5])],
                          [h.make_tensor_value_info("y", TensorProto.FLOAT, None)])
     x = np.random.default_rng(0).standard_normal((2, 3, 5)).astype(np.float32)
-    (ours,), (theirs,) = _both(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), {"x": x})
+    (ours,), (theirs,) = _both(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), {"x": x})
     assert ours.shape == (2, 3, 1)
     np.testing.assert_array_equal(ours, theirs)
 
@@ -52,7 +52,7 @@ def test_loop_stacks_scan_outputs_of_any_rank():
     rng = np.random.default_rng(0)
     feeds = {"trips": np.array(4), "go": np.array(True), "init": rng.standard_normal((2, 3)).astype(np.float32),
              "x": rng.standard_normal((2, 3)).astype(np.float32)}
-    ours, theirs = _both(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]), feeds)
+    ours, theirs = _both(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), feeds)
     assert [o.shape for o in ours] == [(2, 3), (4, 2, 3), (4,)]
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
