@@ -102,6 +102,10 @@ class OrtSession(Session):
         _set_default(session_options, _STOP_SPINNING, "1")
         self._session = ort.InferenceSession(model.SerializeToString(), sess_options=session_options,
                                              providers=["CPUExecutionProvider"])
+        # A failing run is raised again as an onnxtrain error that carries onnxruntime's message and node
+        # (runtime/engine_errors.py): onnxruntime's own log line for it would only print the message twice.
+        self._run_options = ort.RunOptions()
+        self._run_options.log_severity_level = 4
         self._bindings: OrderedDict[tuple, _Binding] = OrderedDict()
         self._string_inputs = any(m.dtype == object for m in self.inputs)  # IOBindings cannot bind them
 
@@ -134,7 +138,7 @@ class OrtSession(Session):
             io.bind_output(name, "cpu")
             if name not in binding.output_order:
                 binding.output_order.append(name)
-        self._session.run_with_iobinding(io)
+        self._session.run_with_iobinding(io, self._run_options)
         if not fetch:
             return []
         by_name = dict(zip(binding.output_order, io.get_outputs()))
@@ -144,7 +148,7 @@ class OrtSession(Session):
                      state: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """IOBindings cannot bind string tensors: run with plain feeds and copy the outputs into ``out``."""
         feeds = {k: v for k, v in feeds.items() if k in self.input_names}
-        results = self._session.run([*out, *fetch], {**state, **feeds})
+        results = self._session.run([*out, *fetch], {**state, **feeds}, self._run_options)
         for target, value in zip(out.values(), results):
             target[...] = value
         return results[len(out):]
