@@ -27,6 +27,7 @@ from onnxtrain.checkpoint.metadata import (
     encode_metadata,
     tensors_sha256,
 )
+from onnxtrain.checkpoint.peer import is_peer_checkpoint
 from onnxtrain.errors import CheckpointError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_pieces", "safetensors_pieces", "CHECKPOINT_FORMAT_VERSION"]
@@ -109,6 +110,13 @@ def load_checkpoint(path: str | os.PathLike[str]) -> CheckpointData:
     clear_stale_temps(path)
     try:
         with open(path, "rb", buffering=0) as file:
+            if is_peer_checkpoint(file.read(8)):
+                raise CheckpointError(
+                    f"{where} is an onnxruntime-training checkpoint; onnxtrain writes its own format: generate "
+                    f"onnxtrain's artifacts from the same forward model, then convert it with `onnxtrain import "
+                    f"{os.fspath(path)} --artifacts ARTIFACT_DIR -o NEW_CHECKPOINT` "
+                    f"(onnxtrain.checkpoint.import_peer_checkpoint)")
+            file.seek(0)
             header = read_header(file, os.fstat(file.fileno()).st_size, where)
             meta = decode_metadata(header.metadata, where)
             _check_header_matches(header, meta, where)
