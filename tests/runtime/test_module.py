@@ -66,6 +66,13 @@ def test_ortvalue_in_ortvalue_out(mlp_dir, rng):
     np.testing.assert_allclose(loss.numpy(), module(x, y)[0], rtol=1e-6)
 
 
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "gpu", "tpu"])
+def test_an_unknown_device_fails_when_the_module_is_made(mlp_dir, device):
+    # the sessions open at the first step; the device must not wait for it
+    with pytest.raises(ValueError, match=f"unknown device '{device}': expected 'cpu'"):
+        load(mlp_dir, device=device)
+
+
 def test_eval_without_eval_model_is_a_clear_error(mlp_dir, rng):
     _, module = load(mlp_dir, eval_model=False)
     module.eval()

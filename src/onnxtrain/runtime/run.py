@@ -28,6 +28,7 @@ import onnx
 from onnxtrain import conventions as names
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.errors import ArtifactError, PassError
+from onnxtrain.runtime.backends import check_device
 from onnxtrain.runtime.backends.base import graph_io
 from onnxtrain.runtime.engine_errors import run_session
 from onnxtrain.runtime.loading import check_connected, open_artifact_session
@@ -67,6 +68,7 @@ class TrainingRun:
 
     def __init__(self, values: TrainingValues, train_model: onnx.ModelProto, eval_model: onnx.ModelProto | None,
                  device: str, session_options):
+        check_device(device)  # the sessions open on first use: a bad device fails here, not at the first step
         self.meta = TrainingMeta.from_model(train_model)
         values.check_matches(self.meta)
         self.values = values

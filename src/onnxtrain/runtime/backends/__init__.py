@@ -12,8 +12,12 @@ DEVICES = ("cpu", "ort", "onnxruntime", "reference", "python")
 
 
 def check_device(device: str) -> None:
+    """ValueError unless ``device`` is one of :data:`DEVICES`."""
     if device not in DEVICES:
-        raise ValueError(f"unknown device {device!r}: expected 'cpu' (onnxruntime) or 'reference' (onnx.reference)")
+        hint = (" (onnxtrain trains on the CPU: the device is the machine that holds the data)"
+                if str(device).lower().startswith(("cuda", "gpu", "dml", "rocm")) else "")
+        raise ValueError(f"unknown device {device!r}: expected 'cpu' (onnxruntime) or 'reference' "
+                         f"(onnx.reference){hint}")
 
 
 def open_session(model: onnx.ModelProto, device: str = "cpu", session_options=None,
