@@ -154,8 +154,10 @@ def test_command_errors_are_one_line(tmp_path):
 def test_command_serves_until_interrupted(artifacts):
     if not (REPO / "js" / "node_modules" / "onnxruntime-web").is_dir():
         pytest.skip("js/node_modules/onnxruntime-web is missing: run `npm ci` in js/ (see .ci/run)")
-    proc = subprocess.Popen([sys.executable, "-m", "onnxtrain.cli", "web-demo", "--port", "0", "--no-open",
-                             "--artifacts", str(artifacts)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # -X faulthandler: a server that does not stop prints where it is stuck when SIGABRT ends it below
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "onnxtrain.cli", "web-demo", "--port", "0",
+                             "--no-open", "--artifacts", str(artifacts)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         lines = [proc.stdout.readline(), proc.stdout.readline()]
         assert "reusing" in lines[0], lines
@@ -166,5 +168,10 @@ def test_command_serves_until_interrupted(artifacts):
         assert connection.getresponse().status == 200
     finally:
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=20)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            out, err = proc.communicate(timeout=20)
+            pytest.fail(f"the server did not stop within 60 s of SIGINT; its threads then:\n{err[-4000:]}")
     assert proc.returncode == 0 and out.strip().endswith("stopped"), (out, err)
