@@ -45,6 +45,13 @@ export function saveCheckpoint(data: CheckpointData, includeOptimizerState?: boo
 export function loadCheckpoint(bytes: Uint8Array, where?: string): CheckpointData;
 export function readSafetensors(bytes: Uint8Array, where?: string): { metadata: Record<string, string>; tensors: Map<string, TensorData> };
 export function writeSafetensors(tensors: Map<string, TensorData>, metadata: Record<string, string>): Uint8Array;
+/** Whether the bytes start an onnxruntime-training checkpoint (file identifier "ODTC"). */
+export function isPeerCheckpoint(bytes: Uint8Array): boolean;
+/** An onnxruntime-training checkpoint's parameters, AdamW moments (exp_avg / exp_avg_sq), step and properties. */
+export function readPeerCheckpoint(bytes: Uint8Array, where?: string): CheckpointData;
+/** The peer checkpoint's values in the layout of onnxtrain's checkpoint for the same forward model (as Python's
+ * import_peer_checkpoint). */
+export function importPeerCheckpoint(peerBytes: Uint8Array, template: Uint8Array | CheckpointData, where?: string): CheckpointData;
 export function readMetadataProps(model: Uint8Array): Record<string, string>;
 
 /** Parameters, gradients, buffers, optimizer state, step and properties (one owner, flat storage). */

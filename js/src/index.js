@@ -18,6 +18,7 @@ import { TrainStep } from './runtime/train-step.js';
 export { TrainingSession, Module, Optimizer, CheckpointState, TrainStep };
 export { CheckpointData, tensorKey, splitTensorKey } from './checkpoint/data.js';
 export { CheckpointError, loadCheckpoint, saveCheckpoint, readSafetensors, writeSafetensors, CHECKPOINT_FORMAT_VERSION } from './checkpoint/format.js';
+export { importPeerCheckpoint, isPeerCheckpoint, readPeerCheckpoint } from './checkpoint/peer.js';
 export { readMetadataProps } from './runtime/model-metadata.js';
 
 /**

@@ -3,8 +3,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { CheckpointState, CheckpointError, loadCheckpoint, saveCheckpoint } from '../src/index.js';
-import { fixtures, load } from './support/fixtures.js';
+import { CheckpointState, CheckpointError, importPeerCheckpoint, loadCheckpoint, readPeerCheckpoint, saveCheckpoint } from '../src/index.js';
+import { REPO, fixtures, load } from './support/fixtures.js';
 
 const { dir } = fixtures();
 
@@ -31,4 +31,38 @@ test('a damaged checkpoint is a CheckpointError, not garbage', async () => {
   bytes[bytes.length - 1] ^= 1;
   assert.throws(() => loadCheckpoint(bytes), (e) => e instanceof CheckpointError && /checksum mismatch in the tensor data/.test(e.message));
   assert.throws(() => loadCheckpoint(bytes.subarray(0, 100)), CheckpointError);
+});
+
+test('an onnxruntime-training checkpoint is imported into the layout of the artifacts, as Python does', async () => {
+  const peer = await load(join(REPO, 'tests', 'checkpoint', 'data', 'peer_tiny', 'checkpoint'));
+  const template = await load(join(dir, 'peer', 'checkpoint'));
+  const data = importPeerCheckpoint(peer, template);
+  assert.equal(data.step, 3);
+  assert.deepEqual([...data.properties], [['epoch', 3n], ['best_loss', 0.25], ['user', 'alice']]);
+  assert.deepEqual(saveCheckpoint(data, true), await load(join(dir, 'peer', 'imported.ckpt')));
+  assert.deepEqual([...readPeerCheckpoint(peer).trainable.keys()], ['fc1.bias', 'fc1.weight', 'fc2.weight']);
+  assert.throws(() => loadCheckpoint(peer), (e) => e instanceof CheckpointError && /onnxruntime-training checkpoint.*importPeerCheckpoint/.test(e.message));
+});
+
+test('a damaged onnxruntime-training checkpoint is a CheckpointError, never another error', async () => {
+  const peer = await load(join(REPO, 'tests', 'checkpoint', 'data', 'peer_tiny', 'checkpoint'));
+  let errors = 0;
+  const cases = [];
+  for (let n = 0; n < peer.length; n += 5) cases.push(peer.slice(0, n));
+  let seed = 1;
+  const random = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+  for (let i = 0; i < 300; i++) {
+    const damaged = peer.slice();
+    for (let k = 0; k < 3; k++) damaged[8 + random(peer.length - 8)] = random(256);
+    cases.push(damaged);
+  }
+  for (const bytes of cases) {
+    try {
+      readPeerCheckpoint(bytes);
+    } catch (e) {
+      assert.ok(e instanceof CheckpointError, `${e.constructor.name}: ${e.message}`);
+      errors += 1;
+    }
+  }
+  assert.ok(errors >= Math.floor(peer.length / 5), `${errors} errors`);
 });

@@ -114,8 +114,24 @@ def write_case(out: Path, case: str) -> dict:
             "input": build_model(kind)[1]}
 
 
+def write_peer_case(out: Path) -> None:
+    """peer/: onnxtrain's artifacts of the model behind the onnxruntime-training checkpoint in
+    tests/checkpoint/data/peer_tiny, and Python's import of that checkpoint (JavaScript must write the same bytes)."""
+    from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
+    from onnxtrain.checkpoint import import_peer_checkpoint, save_checkpoint
+
+    peer = ROOT / "tests" / "checkpoint" / "data" / "peer_tiny"
+    folder = out / "peer"
+    generate_artifacts(str(peer / "tiny.onnx"), requires_grad=["fc1.weight", "fc1.bias", "fc2.weight"],
+                       frozen_params=["fc2.bias"], loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=folder)
+    save_checkpoint(import_peer_checkpoint(peer / "checkpoint", folder / "checkpoint"), folder / "imported.ckpt",
+                    include_optimizer_state=True)
+
+
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    write_peer_case(out)
     cases = {case: write_case(out, case) for case in CASES}
     cases["_resume"] = {"case": RESUME_CASE, "from_step": CASES[RESUME_CASE][3] // 2}
     (out / "cases.json").write_text(json.dumps(cases, indent=1))

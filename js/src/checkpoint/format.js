@@ -216,6 +216,9 @@ export function saveCheckpoint(data, includeOptimizerState = true) {
  * @returns {CheckpointData}
  */
 export function loadCheckpoint(bytes, where = 'checkpoint') {
+  if (bytes.length >= 8 && String.fromCharCode(bytes[4], bytes[5], bytes[6], bytes[7]) === 'ODTC') {
+    throw new CheckpointError(`${where} is an onnxruntime-training checkpoint; onnxtrain writes its own format: generate onnxtrain's artifacts from the same forward model, then convert it with importPeerCheckpoint(bytes, artifactsCheckpointBytes)`);
+  }
   const { metadata, tensors } = readSafetensors(bytes, where);
   const meta = decodeMetadata(metadata, where);
   const expected = meta.nominal ? new Map() : meta.specs;
