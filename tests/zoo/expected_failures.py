@@ -16,9 +16,16 @@ _EFFNET_EVAL_DIVERGES = "AssertionError: loss did not decrease in 20 AdamW steps
 _MOBILEVIT_TRACED = ("ExecutionError: the training step failed in a Reshape node: ... Input shape:{4096,4,2,2}, "
                      "requested shape:{4,64,16,4}")
 
+# torch.export decomposes T5's attention output reshape into a view of a transposed tensor, which symbolic
+# sequence lengths cannot prove contiguous (T5Attention.forward: attn_output.reshape(*input_shape, -1))
+_T5_DYNAMO = ("ConversionError: Failed to decompose the FX graph for ONNX compatibility. ... ValueError: Cannot view "
+              "a tensor with shape torch.Size([s77, s27, 2, 8]) and strides (16*s27, 8, 8*s27, 1) as a tensor with "
+              "shape (s77, s27, 16)!")
+
 EXPECTED_FAILURES: dict[tuple[str, ...], str] = {
     **{("efficientnet_b0", e, "trains"): _EFFNET_EVAL_DIVERGES for e in ("torchscript-eval", "dynamo")},
     **{("mobilevit_xxs", e, c): _MOBILEVIT_TRACED for e in ("torchscript-train", "torchscript-eval")
        for c in ("size", "exports")},
     **{("gpt2", "dynamo", check): _TIED for check in ("base", "batch", "size", "exports")},
+    ("t5_encoder", "dynamo"): _T5_DYNAMO,
 }

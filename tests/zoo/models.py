@@ -179,6 +179,74 @@ def wav2vec2():
     return Logits.wrap(Wav2Vec2ForSequenceClassification(config))
 
 
+def t5_encoder():
+    """T5's encoder (RMSNorm without mean subtraction, relative position buckets, no absolute positions), mean-pooled
+    into a linear classifier."""
+    import torch
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_heads=2, dropout_rate=0.0,
+                      relative_attention_num_buckets=8, relative_attention_max_distance=16)
+
+    class _Pooled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = T5EncoderModel(config)
+            self.head = torch.nn.Linear(16, CLASSES)
+
+        def forward(self, x):
+            return self.head(self.encoder(x).last_hidden_state.mean(1))
+
+    return _Pooled()
+
+
+def whisper():
+    """Whisper's audio encoder (Conv1d stem, sinusoidal positions of a fixed length) with its classification head."""
+    from transformers import WhisperConfig, WhisperForAudioClassification
+
+    config = WhisperConfig(num_mel_bins=8, d_model=16, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=32,
+                           decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=32, max_source_positions=16,
+                           dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, encoder_layerdrop=0.0,
+                           classifier_proj_size=8, mask_time_prob=0.0, mask_feature_prob=0.0, num_labels=CLASSES)
+    model = WhisperForAudioClassification(config)
+    # Whisper freezes its sinusoidal position table; an export carries no requires_grad and the harness trains
+    # every float initializer, so the table is trained here (as torch does once it is unfrozen)
+    model.encoder.embed_positions.requires_grad_(True)
+    return Logits.wrap(model)
+
+
+def segformer():
+    """SegFormer: overlapping patch embeddings, attention over a spatially reduced sequence (strided Conv), Mix-FFN
+    (depthwise Conv), and a decode head that resizes every stage bilinearly to 1/4 of the image: per-pixel logits."""
+    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+
+    config = SegformerConfig(num_encoder_blocks=2, depths=(1, 1), sr_ratios=(2, 1), hidden_sizes=(8, 16),
+                             patch_sizes=(7, 3), strides=(4, 2), num_attention_heads=(1, 2), mlp_ratios=(2, 2),
+                             decoder_hidden_size=16, classifier_dropout_prob=0.0, drop_path_rate=0.0,
+                             num_labels=CLASSES)
+    return Logits.wrap(SegformerForSemanticSegmentation(config))
+
+
+def poolformer():
+    """PoolFormer-S12's blocks (timm MetaFormer), one per stage, narrow."""
+    import torch
+    from timm.models.metaformer import GroupNorm1, MetaFormer
+
+    return MetaFormer(depths=(1, 1, 1, 1), dims=(8, 8, 16, 16), downsample_norm=None, mlp_act=torch.nn.GELU,
+                      mlp_bias=True, norm_layers=GroupNorm1, layer_scale_init_values=1e-5, res_scale_init_values=None,
+                      use_mlp_head=False, num_classes=CLASSES, drop_rate=0.0, drop_path_rate=0.0)
+
+
+def _mel(batch, size, rng):
+    return (rng.standard_normal((batch, 8, size)).astype(np.float32),)
+
+
+def _pixel_classes(inputs, rng):
+    """A class per pixel of the 1/4-size logits map."""
+    batch, _, height, width = inputs[0].shape
+    return rng.integers(0, CLASSES, (batch, height // 4, width // 4)).astype(np.int64)
+
+
 def _vision(name, package, build, sizes=(64, 96), quick=(), axes=IMAGE_AXES):
     return Spec(name, package, build, _image, _classes, sizes if axes else (sizes[0], None), axes, quick=quick)
 
@@ -215,4 +283,27 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     _text("deberta_v2", deberta),
     _vision("vit", "transformers", vit, sizes=(32, None), axes={}),
     Spec("wav2vec2", "transformers", wav2vec2, _audio, _classes, (400, 640), {1: "samples"}, batches=(2, 3)),
+    # slow only: shifted-window attention (Roll, window partition, relative position bias), attention masks
+    # built for the input size on each forward
+    _vision("swin", "timm", _timm("swin_tiny_patch4_window7_224", img_size=32, window_size=4, embed_dim=16,
+                                  depths=(2, 2), num_heads=(1, 2), dynamic_img_size=True, drop_path_rate=0.0),
+            sizes=(32, 64)),
+    # ReLU linear attention (padded values, a division by the key sum), multi-scale grouped Conv, Hardswish
+    _vision("efficientvit_b0", "timm", _timm("efficientvit_b0", widths=(8, 8, 16, 16, 32), depths=(1, 1, 1, 1, 1),
+                                             head_dim=8, head_widths=(32, 32))),
+    # pooling token mixer (AvgPool without padded counts minus its input), GroupNorm with one group, LayerScale
+    _vision("poolformer", "timm", poolformer),
+    # attention biases gathered from a table by a constant index, BatchNorm1d after every Linear, Hardswish; the
+    # biases fix the size (64 px: 4 x 4 after the stride-16 stem)
+    _vision("levit", "timm", _timm("levit_128s", img_size=64, embed_dim=(16, 24, 32), key_dim=8, num_heads=(2, 2, 2),
+                                   depth=(1, 1, 1)), axes={}),
+    # cross-covariance attention over L2-normalized queries and keys with a learned temperature, Fourier position
+    # encoding computed for the input size, class-attention layers
+    _vision("xcit", "timm", _timm("xcit_nano_12_p16_224", img_size=32, embed_dim=16, depth=1, num_heads=2,
+                                  cls_attn_layers=1), sizes=(32, 64)),
+    _text("t5_encoder", t5_encoder),
+    # the sinusoidal positions fix the length: 2 x max_source_positions mel frames
+    Spec("whisper", "transformers", whisper, _mel, _classes, (32, None), {}, batches=(2, 3)),
+    Spec("segformer", "transformers", segformer, _image, _pixel_classes, (64, 96), IMAGE_AXES,
+         output_axes={2: "height/4", 3: "width/4"}),
 ]}
