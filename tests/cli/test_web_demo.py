@@ -154,10 +154,14 @@ def test_command_errors_are_one_line(tmp_path):
 def test_command_serves_until_interrupted(artifacts):
     if not (REPO / "js" / "node_modules" / "onnxruntime-web").is_dir():
         pytest.skip("js/node_modules/onnxruntime-web is missing: run `npm ci` in js/ (see .ci/run)")
-    # -X faulthandler: a server that does not stop prints where it is stuck when SIGABRT ends it below
+    # Ctrl-C in a terminal: SIGINT with its default action. A test run started in the background (`cmd &` in a
+    # script) hands its children SIGINT ignored, and Python then installs no KeyboardInterrupt handler, so the
+    # server would not stop. -X faulthandler: a server that does not stop prints where it is stuck when SIGABRT
+    # ends it below.
     proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "onnxtrain.cli", "web-demo", "--port", "0",
                              "--no-open", "--artifacts", str(artifacts)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         lines = [proc.stdout.readline(), proc.stdout.readline()]
         assert "reusing" in lines[0], lines
