@@ -35,3 +35,37 @@ def test_a_known_buffer_trains_when_asked_for():
     weights = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     plan = plan_parameters(graph, weights, ["*inv_freq"], None)
     assert plan.trainable == ["model.rotary_emb.inv_freq"]
+
+
+def _dynamo_export_with_buffers(path):
+    """A torch module with a parameter, a persistent and a non-persistent buffer and a tensor attribute, exported by
+    torch's dynamo exporter, which marks each initializer's role in its value info."""
+    torch = __import__("pytest").importorskip("torch")
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+            self.register_buffer("scale", torch.full((3,), 2.0))
+            self.register_buffer("shift", torch.ones(3), persistent=False)
+            self.offset = torch.tensor([0.5, 0.5, 0.5])
+
+        def forward(self, x):
+            return self.fc(x) * self.scale + self.shift + self.offset
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Scaled(), (torch.randn(2, 4),), str(path), dynamo=True, optimize=False, verbose=False)
+    return onnx.load(str(path))
+
+
+def test_torch_buffers_and_constants_of_a_dynamo_export_are_not_trained_by_default(tmp_path):
+    model = _dynamo_export_with_buffers(tmp_path / "scaled.onnx")
+    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert {"scale", "shift", "offset"} <= set(weights)  # the exporter keeps them as initializers
+    plan = plan_parameters(model.graph, weights, None, None)
+    assert sorted(plan.trainable) == ["fc.bias", "fc.weight"]
+    assert sorted(plan_parameters(model.graph, weights, ["fc.*", "scale"], None).trainable) == [
+        "fc.bias", "fc.weight", "scale"]   # listed, a buffer trains

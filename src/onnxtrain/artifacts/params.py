@@ -75,8 +75,9 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
     """Decide the role of every initializer.
 
     - ``requires_grad`` (names or globs): trained. When None, every floating-point initializer that is not
-      frozen, not a BatchNorm running statistic (of a training- or inference-mode node) and not a known torch
-      buffer (:data:`KNOWN_BUFFERS`) is trained.
+      frozen, not a BatchNorm running statistic (of a training- or inference-mode node) and not a torch buffer
+      or constant (marked so by torch's dynamo exporter, :func:`exported_buffers`, or by name,
+      :data:`KNOWN_BUFFERS`) is trained.
     - ``frozen_params``: kept in the checkpoint, fed to the graphs, never updated.
     - ``trainable_ops=N`` (N >= 0): only parameters consumed by the last N nodes (topological order) train;
       the other candidates become frozen.
@@ -100,8 +101,10 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
     buffers = [b for b in batchnorm_buffers(graph, set(names)) if b not in trainable]
     if requires_grad is None:
         statistics = running_statistics(graph)
+        torch_buffers = exported_buffers(graph)
         trainable = [n for n in float_names if n not in frozen and n not in buffers and n not in statistics
-                     and weights[n].ndim > 0 and _is_weight_like(graph, n) and not _is_known_buffer(n)]
+                     and weights[n].ndim > 0 and _is_weight_like(graph, n) and not _is_known_buffer(n)
+                     and n not in torch_buffers]
     if trainable_ops is not None and trainable_ops >= 0:
         if trainable_ops > len(graph.node):
             raise ValueError(f"trainable_ops={trainable_ops} but the model has only {len(graph.node)} nodes")
@@ -117,6 +120,19 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
 # names: rotary position embeddings' inverse frequencies (Hugging Face's Llama, Qwen, Mistral, ... `inv_freq`).
 # Trained, they would change the position encoding; list them in requires_grad to train them anyway.
 KNOWN_BUFFERS = ("*inv_freq",)
+
+
+# torch's dynamo exporter records what each graph input of the exported program was (its value infos'
+# metadata): PARAMETER, BUFFER (register_buffer: attention masks, relative position tables, ...), CONSTANT_TENSOR
+# (a tensor attribute) or USER_INPUT.
+_EXPORT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+
+
+def exported_buffers(graph: onnx.GraphProto) -> set[str]:
+    """The values torch's dynamo exporter marked as buffers or constant tensors of the torch module (not
+    parameters): trained by default, they would change what the model computes rather than learn."""
+    return {v.name for v in [*graph.input, *graph.value_info] for p in getattr(v, "metadata_props", ())
+            if p.key == _EXPORT_KIND and p.value in ("BUFFER", "CONSTANT_TENSOR")}
 
 
 def _is_known_buffer(name: str) -> bool:
