@@ -11,6 +11,8 @@ import { codeOf, dtypeOfCode, arrayType, writeRank } from './dtypes.js';
 import { pyDumps } from './pyjson.js';
 import { Sha256, sha256Hex } from './sha256.js';
 import { CheckpointData, tensorKey, splitTensorKey } from './data.js';
+// peer.js imports this module too; the cycle is safe: isPeerCheckpoint is a function declaration, used at call time
+import { isPeerCheckpoint } from './peer.js';
 
 export const CHECKPOINT_FORMAT_VERSION = 1;
 export const METADATA_KEY = 'onnxtrain';
@@ -216,7 +218,7 @@ export function saveCheckpoint(data, includeOptimizerState = true) {
  * @returns {CheckpointData}
  */
 export function loadCheckpoint(bytes, where = 'checkpoint') {
-  if (bytes.length >= 8 && String.fromCharCode(bytes[4], bytes[5], bytes[6], bytes[7]) === 'ODTC') {
+  if (isPeerCheckpoint(bytes)) {
     throw new CheckpointError(`${where} is an onnxruntime-training checkpoint; onnxtrain writes its own format: generate onnxtrain's artifacts from the same forward model, then convert it with importPeerCheckpoint(bytes, artifactsCheckpointBytes)`);
   }
   const { metadata, tensors } = readSafetensors(bytes, where);

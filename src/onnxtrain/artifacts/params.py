@@ -131,7 +131,7 @@ _EXPORT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 def exported_buffers(graph: onnx.GraphProto) -> set[str]:
     """The values torch's dynamo exporter marked as buffers or constant tensors of the torch module (not
     parameters): trained by default, they would change what the model computes rather than learn."""
-    return {v.name for v in [*graph.input, *graph.value_info] for p in getattr(v, "metadata_props", ())
+    return {v.name for v in [*graph.input, *graph.value_info] for p in v.metadata_props
             if p.key == _EXPORT_KIND and p.value in ("BUFFER", "CONSTANT_TENSOR")}
 
 

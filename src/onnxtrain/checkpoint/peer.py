@@ -20,10 +20,10 @@ import os
 import struct
 
 import numpy as np
-import onnx
 
 from onnxtrain.checkpoint.data import CheckpointData
 from onnxtrain.errors import CheckpointError
+from onnxtrain.ir.types import np_dtype
 
 __all__ = ["PEER_FILE_IDENTIFIER", "is_peer_checkpoint", "read_peer_checkpoint", "import_peer_checkpoint"]
 
@@ -119,7 +119,7 @@ def _tensor(table: _Table, where: str) -> tuple[str, np.ndarray]:
         raise CheckpointError(f"{where}: tensor {name!r} is stored in the peer's external data file, which onnxtrain "
                               "does not read; save the peer's state without external data first")
     try:
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(data_type))
+        dtype = np_dtype(data_type)
     except (KeyError, ValueError, TypeError):
         raise CheckpointError(f"{where}: tensor {name!r} has the unknown data type {data_type}") from None
     if dtype.kind not in "biuf":
