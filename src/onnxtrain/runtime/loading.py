@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 
+import numpy as np
 import onnx
 
 from onnxtrain.errors import ArtifactError
@@ -47,11 +49,13 @@ def load_model(uri: str | os.PathLike | bytes | onnx.ModelProto, what: str) -> o
                             f"({first_line(exc)})") from None
 
 
-def open_artifact_session(model: onnx.ModelProto, what: str, device: str, session_options):
-    """A session for an artifact; an engine that rejects the model gives an ArtifactError, not its traceback."""
+def open_artifact_session(model: onnx.ModelProto, what: str, device: str, session_options,
+                          constants: Mapping[str, np.ndarray] | None = None):
+    """A session for an artifact (``constants``: as for ``open_session``); an engine that rejects the model gives an
+    ArtifactError, not its traceback."""
     check_device(device)
     try:
-        return open_session(model, device, session_options)
+        return open_session(model, device, session_options, constants=constants)
     except Exception as exc:  # onnxruntime raises its own exception types for invalid graphs
         raise ArtifactError(f"the {what} cannot be loaded: {first_line(exc)}") from None
 

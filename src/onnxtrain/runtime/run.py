@@ -28,11 +28,19 @@ import onnx
 from onnxtrain import conventions as names
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.errors import ArtifactError, PassError
-from onnxtrain.runtime.backends import check_device
+from onnxtrain.runtime.backends import check_device, supports_constants
 from onnxtrain.runtime.backends.base import graph_io
 from onnxtrain.runtime.engine_errors import run_session
 from onnxtrain.runtime.loading import check_connected, open_artifact_session
-from onnxtrain.runtime.passes import FusedNames, FuseOptimizer, ScatterIntoGradient, SpecializeReset, zeroed_before_run
+from onnxtrain.runtime.passes import (
+    FrozenAsConstants,
+    FusedNames,
+    FuseOptimizer,
+    ScatterIntoGradient,
+    SpecializeReset,
+    constant_names,
+    zeroed_before_run,
+)
 from onnxtrain.runtime.update import UpdateGraph
 from onnxtrain.runtime.values import TrainingValues
 
@@ -63,6 +71,10 @@ class TrainingRun:
     Attributes:
         fuse: run the training and optimizer graphs as one session when the loop allows it (True); False
             always runs the optimizer graph on its own (the results are the same).
+        frozen_constants: give onnxruntime the frozen convolution and BatchNormalization weights as constants of
+            the training sessions (True; runtime/passes/frozen_constants.py): it folds and re-lays them out once
+            instead of at every step, and holds that copy. False reads them as inputs, as every other value.
+            Applies to the sessions opened after it is set; the eval session always reads them as inputs.
         last_loss_finite: whether the last training call's loss was finite.
     """
 
@@ -99,6 +111,8 @@ class TrainingRun:
         # A graph that does not connect fails here; one that onnxruntime refuses, at the first step.
         check_connected(train_model, "training model")
         self.fuse = True
+        self.frozen_constants = True
+        self._constants_version: int | None = None  # values.frozen_version the training sessions' constants hold
         self._update: UpdateGraph | None = None
         self._fused: dict[bool, tuple[object, FusedNames] | None] = {}
         self._prepared: PreparedUpdate | None = None
@@ -130,6 +144,10 @@ class TrainingRun:
             The additional outputs (the loss is in ``self.loss``, written in place).
         """
         values = self.values
+        if self._constants_version not in (None, values.frozen_version):  # a frozen parameter was written
+            self._variants.clear()
+            self._fused.clear()
+            self._constants_version = None
         state = values.graph_values()
         state.update({names.grad_buffer_name(p): g for p, g in values.grads.views().items()})
         self._reset[...] = self._reset_pending
@@ -233,9 +251,19 @@ class TrainingRun:
         """The training session for this value of the reset flag, created on first use (each session holds
         its own memory plan, so only the ones a training loop needs exist)."""
         if reset not in self._variants:
-            self._variants[reset] = open_artifact_session(self._specialized(reset), "training model",
-                                                          self._device, self._session_options)
+            self._variants[reset] = self._open_training(self._specialized(reset), "training model")
         return self._variants[reset]
+
+    def _open_training(self, model: onnx.ModelProto, what: str):
+        """A session for a training graph, its frozen convolution weights as constants if ``frozen_constants``."""
+        constants = {}
+        if self.frozen_constants and self.values.frozen and supports_constants(self._device, self._session_options):
+            model = FrozenAsConstants(self.values.frozen).run(model).model
+            constants = {n: self.values.frozen[n] for n in constant_names(model)}
+        session = open_artifact_session(model, what, self._device, self._session_options, constants)
+        if constants:
+            self._constants_version = self.values.frozen_version
+        return session
 
     def _fusing(self) -> bool:
         """Fuse when an optimizer is attached, its update is double-buffered (an update computed in place could
@@ -259,8 +287,7 @@ class TrainingRun:
             logger.warning("running the training and optimizer graphs separately: %s", exc)
             return None
         try:
-            session = open_artifact_session(fused, "training model fused with the optimizer", self._device,
-                                            self._session_options)
+            session = self._open_training(fused, "training model fused with the optimizer")
         except ArtifactError as exc:  # fusing is an optimisation: the separate graphs still train
             self._session_for(reset)  # unless onnxruntime rejects the training model itself: that error, then
             warnings.warn(f"the training and optimizer graphs could not be fused; running them separately ({exc})",

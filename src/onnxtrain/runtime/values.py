@@ -29,6 +29,8 @@ class TrainingValues:
         properties: the checkpoint's property bag.
         version: incremented by every write of the parameters or the step from outside a training step; an
             update computed in advance is valid only for the version it was computed from.
+        frozen_version: incremented by every write of a frozen parameter; a session that holds frozen values as
+            constants is valid only for the version it was opened with.
     """
 
     def __init__(self, data: CheckpointData):
@@ -51,6 +53,7 @@ class TrainingValues:
         self.buffers = {n: np.ascontiguousarray(a) for n, a in data.buffers.items()}
         self.properties = dict(data.properties)
         self.version = 0
+        self.frozen_version = 0
         self._step = data.step
         self._saved_optimizer = data.optimizer       # from the checkpoint, until an optimizer takes it
         self._optimizer_states: dict[str, FlatStorage] = {}
@@ -105,6 +108,8 @@ class TrainingValues:
             raise TypeError(f"parameter {name!r} has dtype {target.dtype}, got a value of dtype {value.dtype}")
         target[...] = value
         self.version += 1
+        if name in self.frozen:
+            self.frozen_version += 1
 
     def gradient(self, name: str) -> np.ndarray:
         """The live accumulated gradient of a trainable parameter."""
@@ -148,6 +153,7 @@ class TrainingValues:
             for a in self.frozen.values():
                 a[...] = flat[offset:offset + a.size].reshape(a.shape)
                 offset += a.size
+            self.frozen_version += 1
         self.unloaded.difference_update([*self.params.offsets, *([] if trainable_only else self.frozen)])
 
     def graph_values(self) -> dict[str, np.ndarray]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import sys
 from collections import OrderedDict
 from collections.abc import Mapping
 
@@ -11,7 +14,7 @@ import onnxruntime as ort
 
 from onnxtrain.runtime.backends.base import Session
 
-__all__ = ["OrtSession"]
+__all__ = ["OrtSession", "copy_session_options"]
 
 _STOP_SPINNING = "session.force_spinning_stop"
 _MAX_BINDINGS = 8  # a training loop alternates between two sets of buffers; a few spare for other uses
@@ -51,6 +54,69 @@ def _set_default(session_options: ort.SessionOptions, key: str, value: str) -> N
         session_options.add_session_config_entry(key, value)
 
 
+# onnxruntime's Python API cannot copy a SessionOptions, and initializers supplied with add_external_initializers
+# belong to the options object (every name must then be in the model): a session with its own constants gets a
+# copy made of these attributes and of the config entries among _CONFIG_KEYS that are set.
+_OPTION_ATTRIBUTES = (
+    "enable_cpu_mem_arena", "enable_mem_pattern", "enable_mem_reuse", "enable_profiling", "execution_mode",
+    "execution_order", "graph_optimization_level", "inter_op_num_threads", "intra_op_num_threads",
+    "log_severity_level", "log_verbosity_level", "logid", "optimized_model_filepath", "profile_file_prefix",
+    "use_deterministic_compute")
+_CONFIG_KEYS = (  # onnxruntime_session_options_config_keys.h, the keys that apply to the CPU provider
+    "session.disable_prepacking", "session.use_env_allocators", "session.load_model_format",
+    "session.save_model_format", "session.set_denormal_as_zero", "session.disable_quant_qdq",
+    "session.disable_double_qdq_remover", "session.enable_quant_qdq_cleanup",
+    "optimization.enable_gelu_approximation", "optimization.disable_specified_optimizers",
+    "optimization.enable_cast_chain_elimination", "optimization.minimal_build_optimizations",
+    "optimization.constant_folding_max_output_size_in_bytes", "session.disable_aot_function_inlining",
+    "session.inter_op.allow_spinning", "session.intra_op.allow_spinning", "session.inter_op.spin_duration_us",
+    "session.intra_op.spin_duration_us", "session.inter_op.spin_backoff_max", "session.intra_op.spin_backoff_max",
+    "session.force_spinning_stop", "session.use_ort_model_bytes_directly",
+    "session.use_ort_model_bytes_for_initializers", "session.qdqisint8allowed", "session.x64quantprecision",
+    "session.intra_op_thread_affinities", "session.use_device_allocator_for_initializers",
+    "session.strict_shape_type_inference", "session.allow_released_opsets_only",
+    "session.node_partition_config_file", "session.dynamic_block_base", "session.disable_cpu_ep_fallback",
+    "session.graph_optimizations_loop_level", "session.optimized_model_external_initializers_file_name",
+    "session.optimized_model_external_initializers_min_size_in_bytes", "session.enable_saved_runtime_optimizations",
+    "session.use_deterministic_compute", "session.debug_layout_transformation", "session.prepack.enable_parallel",
+    "session.record_ep_graph_assignment_info", "session.collect_node_memory_stats_to_file",
+    "session.qdq_matmulnbits_accuracy_level", "session.enable_dq_matmulnbits_fusion",
+    "session.kernel_dispatch_policy", "mlas.enable_gemm_fastmath_arm64_bfloat16", "mlas.disable_kleidiai",
+    "mlas.nchwc_depthwise_sliding", "mlas.nchwc_pointwise_conv_max_input_channel_batch", "mlas.qnbit.force_fp32",
+    "mlas.use_lut_gemm")
+
+
+def copy_session_options(options: ort.SessionOptions | None) -> ort.SessionOptions | None:
+    """A new SessionOptions with the attributes of ``options`` and its config entries among onnxruntime's
+    documented CPU keys; None if ``options`` names execution providers of its own (they cannot be read back).
+    Free-dimension overrides, custom-op libraries and initializers added to ``options`` are not carried."""
+    copy = ort.SessionOptions()
+    if options is None:
+        return copy
+    if getattr(options, "has_providers", lambda: False)():
+        return None
+    for name in _OPTION_ATTRIBUTES:
+        if hasattr(options, name):
+            setattr(copy, name, getattr(options, name))
+    for key in _CONFIG_KEYS:
+        try:
+            value = options.get_session_config_entry(key)
+        except RuntimeError:  # not set
+            continue
+        copy.add_session_config_entry(key, value)
+    return copy
+
+
+def _return_freed_memory() -> None:
+    """Give the heap's free pages back to the system (glibc only). Opening a session that folds constants
+    allocates and frees several copies of them: on ResNet-18's frozen backbone, 70 MB stayed resident."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # another C library
+            pass
+
+
 class _Binding:
     """One IOBinding with every persistent array bound (the arrays are kept alive here)."""
 
@@ -75,9 +141,17 @@ class OrtSession(Session):
     """One InferenceSession; each distinct set of persistent arrays gets an IOBinding, built once."""
 
     def __init__(self, model: onnx.ModelProto, session_options: ort.SessionOptions | None = None,
-                 memory_arena: bool = True):
+                 memory_arena: bool = True, constants: Mapping[str, np.ndarray] | None = None):
         super().__init__(model)
-        if session_options is None:
+        # Initializers whose data the session takes from these arrays (kept alive as long as the session).
+        self._constants = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
+                           for a in (constants or {}).values()]
+        if constants:
+            session_options = copy_session_options(session_options)
+            if session_options is None:
+                raise ValueError("constants need SessionOptions without execution providers of their own")
+            session_options.add_external_initializers(list(constants), self._constants)
+        elif session_options is None:
             session_options = ort.SessionOptions()
         if memory_arena:
             # All of onnxtrain's sessions (train, optimizer, eval) share one arena (see ARENA_EXTEND_STRATEGY for
@@ -102,6 +176,8 @@ class OrtSession(Session):
         _set_default(session_options, _STOP_SPINNING, "1")
         self._session = ort.InferenceSession(model.SerializeToString(), sess_options=session_options,
                                              providers=["CPUExecutionProvider"])
+        if constants:
+            _return_freed_memory()
         # A failing run is raised again as an onnxtrain error that carries onnxruntime's message and node
         # (runtime/engine_errors.py): onnxruntime's own log line for it would only print the message twice.
         self._run_options = ort.RunOptions()
