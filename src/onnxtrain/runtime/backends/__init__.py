@@ -30,7 +30,8 @@ def is_onnxruntime(device: str) -> bool:
 def supports_constants(device: str, session_options) -> bool:
     """Whether sessions on ``device`` with ``session_options`` can take initializers from arrays (``constants`` of
     :func:`open_session`): onnxruntime, with options that name no execution provider of their own."""
-    return is_onnxruntime(device) and not (session_options is not None and session_options.has_providers())
+    names_providers = getattr(session_options, "has_providers", None)  # onnxruntime >= 1.22
+    return is_onnxruntime(device) and not (names_providers is not None and names_providers())
 
 
 def open_session(model: onnx.ModelProto, device: str = "cpu", session_options=None,

@@ -93,7 +93,7 @@ def copy_session_options(options: ort.SessionOptions | None) -> ort.SessionOptio
     copy = ort.SessionOptions()
     if options is None:
         return copy
-    if getattr(options, "has_providers", lambda: False)():
+    if getattr(options, "has_providers", lambda: False)():  # onnxruntime >= 1.22
         return None
     for name in _OPTION_ATTRIBUTES:
         if hasattr(options, name):
