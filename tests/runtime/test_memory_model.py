@@ -4,9 +4,10 @@ Per trainable float32 parameter of a small model (its update runs whole, double-
 training graph) the runtime's own arrays hold 7 copies with AdamW (parameter and both moments double-buffered,
 one gradient), 5 with SGD and momentum, 3 with plain SGD; per frozen parameter one. Larger models update in
 place (4, 3 and 2 copies): tests/runtime/test_in_place.py. No
-session holds a parameter: every graph (training, eval, optimizer, and the training graph fused with the
-optimizer) reads them as bound inputs, so the sessions' initializers are the graphs' constants only, the same
-whatever the model's size.
+session holds a trainable parameter: every graph (training, eval, optimizer, and the training graph fused with
+the optimizer) reads them as bound inputs, so the sessions' initializers are the graphs' constants only, the
+same whatever the model's size. (Frozen weights that only convolutions and BatchNormalizations read are the
+training sessions' constants: tests/runtime/test_frozen_constants.py.)
 """
 
 from __future__ import annotations
