@@ -114,6 +114,13 @@ def test_the_pass_makes_only_convolution_and_batchnorm_weights_constants(tmp_pat
     assert {"conv2.weight", "bn1.weight", "bn1.var", "bn2.weight", "bn2.var"} <= inputs
     assert not set(made) & inputs
     assert all(not t.raw_data for t in result.model.graph.initializer if t.name in made)
+    # torch's dynamo exporter reads convolution weights' shapes: a Shape reader keeps a weight eligible
+    shape_read = onnx.ModelProto()
+    shape_read.CopyFrom(train)
+    shape_read.graph.node.insert(0, helper.make_node("Shape", ["bn1.var"], ["bn1.var.shape"]))
+    assert "bn1.var" not in constant_names(FrozenAsConstants(frozen)(shape_read).model)  # the backward reads it
+    shape_read.graph.node.insert(0, helper.make_node("Shape", ["bn2.mean"], ["bn2.mean.shape"]))
+    assert "bn2.mean" in constant_names(FrozenAsConstants(frozen)(shape_read).model)
     # nothing frozen that a convolution reads as a weight: unchanged
     assert not FrozenAsConstants({"fc.weight": np.zeros((4, 16), np.float32)})(train).modified
     # a placeholder declared with another shape than the model's is caught by the postconditions

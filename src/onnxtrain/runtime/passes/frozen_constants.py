@@ -8,7 +8,8 @@ usual on-device fine-tuning of a CNN's head) the forward is most of the step: Re
 about two thirds of its time with the weights constant, MobileNetV2's about a third (docs/memory.md).
 
 Cases handled: a graph input named in ``frozen`` becomes an initializer when every node that reads it is a
-``Conv`` (weight or bias) or a ``BatchNormalization`` (scale, bias, mean, variance) of the top-level graph. The
+``Conv`` (weight or bias), a ``BatchNormalization`` (scale, bias, mean, variance), or a ``Shape`` or ``Size`` (the
+dynamo exporter reads convolution weights' shapes) of the top-level graph. The
 initializer holds no bytes: it is marked as external data at the location :data:`LOCATION`, and the session
 supplies the array itself (``SessionOptions.add_external_initializers``), so that onnxruntime optimises it before
 anything runs and no copy of it is serialized. A frozen value read by any other node (a convolution's input
@@ -32,10 +33,13 @@ from onnxtrain.ir.passes import clone_without, implicit_inputs
 
 __all__ = ["FrozenAsConstants", "constant_names", "LOCATION", "CONSTANT_WEIGHT_INPUTS"]
 
-# The input positions at which onnxruntime folds or re-lays out a constant (op type -> positions).
+# The input positions at which onnxruntime folds or re-lays out a constant (op type -> positions), and the ops that
+# read only a tensor's shape (torch's dynamo exporter takes the Shape of convolution weights).
 CONSTANT_WEIGHT_INPUTS: Mapping[str, frozenset[int]] = {
     "Conv": frozenset({1, 2}),
     "BatchNormalization": frozenset({1, 2, 3, 4}),
+    "Shape": frozenset({0}),
+    "Size": frozenset({0}),
 }
 LOCATION = "onnxtrain:frozen-parameter"  # the placeholders' external-data location: not a file
 
