@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxtrain import blocks
 from onnxtrain.api import CheckpointState, Module, Optimizer
 from onnxtrain.artifacts import LossType, generate_artifacts
-from onnxtrain.errors import PassError
+from onnxtrain.errors import ArtifactError, PassError
 from onnxtrain.runtime import run as run_module
 from onnxtrain.runtime.backends.ort import copy_session_options
 from onnxtrain.runtime.loading import load_model
@@ -186,3 +186,20 @@ def test_the_reference_backend_reads_frozen_weights_as_inputs(tmp_path, monkeypa
     x, y = _batches(1)[0]
     module(x, y)
     assert opened and not any(opened)
+
+
+def test_a_session_that_refuses_the_constants_reads_them_as_inputs(tmp_path, monkeypatch, caplog):
+    folder = _generate(tmp_path)
+    batches = _batches(3)
+    original = run_module.open_artifact_session
+
+    def refuse_constants(model, what, device, session_options, constants=None):
+        if constants:
+            raise ArtifactError(f"the {what} cannot be loaded: (refused for the test)")
+        return original(model, what, device, session_options)
+
+    monkeypatch.setattr(run_module, "open_artifact_session", refuse_constants)
+    losses = _train(folder, True, batches)[0]
+    assert "reads its frozen weights as inputs" in caplog.text and "refused for the test" in caplog.text
+    monkeypatch.setattr(run_module, "open_artifact_session", original)
+    np.testing.assert_array_equal(losses, _train(folder, False, batches)[0])

@@ -255,15 +255,21 @@ class TrainingRun:
         return self._variants[reset]
 
     def _open_training(self, model: onnx.ModelProto, what: str):
-        """A session for a training graph, its frozen convolution weights as constants if ``frozen_constants``."""
-        constants = {}
+        """A session for a training graph, its frozen convolution weights as constants if ``frozen_constants``
+        (an optimisation: if onnxruntime refuses them, logged, the session reads them as inputs)."""
         if self.frozen_constants and self.values.frozen and supports_constants(self._device, self._session_options):
-            model = FrozenAsConstants(self.values.frozen).run(model).model
-            constants = {n: self.values.frozen[n] for n in constant_names(model)}
-        session = open_artifact_session(model, what, self._device, self._session_options, constants)
-        if constants:
-            self._constants_version = self.values.frozen_version
-        return session
+            with_constants = FrozenAsConstants(self.values.frozen).run(model).model
+            constants = {n: self.values.frozen[n] for n in constant_names(with_constants)}
+            if constants:
+                try:
+                    session = open_artifact_session(with_constants, what, self._device, self._session_options,
+                                                    constants)
+                except ArtifactError as exc:
+                    logger.warning("the %s reads its frozen weights as inputs: with them as constants, %s", what, exc)
+                else:
+                    self._constants_version = self.values.frozen_version
+                    return session
+        return open_artifact_session(model, what, self._device, self._session_options)
 
     def _fusing(self) -> bool:
         """Fuse when an optimizer is attached, its update is double-buffered (an update computed in place could

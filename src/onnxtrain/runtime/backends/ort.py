@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -112,7 +111,7 @@ def _return_freed_memory() -> None:
     allocates and frees several copies of them: on ResNet-18's frozen backbone, 70 MB stayed resident."""
     if sys.platform.startswith("linux"):
         try:
-            ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+            ctypes.CDLL(None).malloc_trim(0)  # the process's own symbols: glibc's malloc_trim
         except (OSError, AttributeError):  # another C library
             pass
 
