@@ -9,11 +9,11 @@ about two thirds of its time with the weights constant, MobileNetV2's about a th
 
 Cases handled: a graph input named in ``frozen`` becomes an initializer when every node that reads it is a
 ``Conv`` (weight or bias), a ``BatchNormalization`` (scale, bias, mean, variance), or a ``Shape`` or ``Size`` (the
-dynamo exporter reads convolution weights' shapes) of the top-level graph. The
-initializer holds no bytes: it is marked as external data at the location :data:`LOCATION`, and the session
-supplies the array itself (``SessionOptions.add_external_initializers``), so that onnxruntime optimises it before
-anything runs and no copy of it is serialized. A frozen value read by any other node (a convolution's input
-gradient, a MatMul) or inside a subgraph stays an input. Nothing else changes.
+dynamo exporter reads convolution weights' shapes) of the top-level graph. The initializer holds no bytes: it is
+marked as external data at the location :data:`LOCATION`, and the session supplies the array itself
+(``SessionOptions.add_external_initializers``), so that onnxruntime optimises it before anything runs and no copy
+of it is serialized. A frozen value read by any other node (a convolution's input gradient, a MatMul) or inside a
+subgraph stays an input. Nothing else changes.
 
 The result is meant for an onnxruntime session opened with those arrays (:func:`constant_names` lists them). The
 ONNX checker would look for the placeholders' data in a file: the postconditions are checked with the
