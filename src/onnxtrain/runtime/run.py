@@ -227,6 +227,8 @@ class TrainingRun:
         """The training model with the reset flag fixed (runtime/passes/specialize_reset.py) and embedding
         gradients scattered into their buffers (scatter_gradient.py), or as written if it cannot be specialised
         (the flag input then decides at run time: slower, same results)."""
+        if reset not in self._specialized_models and not self.meta.trainable:  # no gradient to accumulate
+            self._specialized_models[reset], self._zeroed[reset] = self.train_model, []
         if reset not in self._specialized_models:
             zeroed = []
             try:
@@ -274,8 +276,8 @@ class TrainingRun:
     def _fusing(self) -> bool:
         """Fuse when an optimizer is attached, its update is double-buffered (an update computed in place could
         not be thrown away) and the last cycle had one training call per optimizer step (an accumulation loop
-        would throw the update away at every call but the last)."""
-        return (self.fuse and self._update is not None and not self._update.in_place
+        would throw the update away at every call but the last). Nothing to fuse when nothing trains."""
+        return (self.fuse and self._update is not None and not self._update.in_place and bool(self.meta.trainable)
                 and self._calls_since_step == 0 and self._calls_last_cycle == 1)
 
     def _fused_session_for(self, reset: bool):
