@@ -24,7 +24,7 @@ BACKBONE = ["conv1.weight", "conv1.bias", "bn1.weight", "bn1.bias", "bn1.mean", 
             "bn2.weight", "bn2.bias", "bn2.mean", "bn2.var"]
 
 
-def _cnn(seed: int = 0) -> onnx.ModelProto:
+def _cnn(seed: int = 0, dynamo_bias: bool = False) -> onnx.ModelProto:
     """Conv -> BatchNormalization (inference mode) -> Relu -> Conv (stride 2) -> BatchNormalization -> Relu -> GAP
     -> Gemm."""
     rng = np.random.default_rng(seed)
@@ -38,13 +38,21 @@ def _cnn(seed: int = 0) -> onnx.ModelProto:
         helper.make_node("Conv", ["input", "conv1.weight", "conv1.bias"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("BatchNormalization", ["c1", "bn1.weight", "bn1.bias", "bn1.mean", "bn1.var"], ["b1"]),
         helper.make_node("Relu", ["b1"], ["r1"]),
-        helper.make_node("Conv", ["r1", "conv2.weight"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Conv", ["r1", "conv2.weight", *(["conv2.zero_bias"] if dynamo_bias else [])], ["c2"],
+                         pads=[1, 1, 1, 1], strides=[2, 2]),
         helper.make_node("BatchNormalization", ["c2", "bn2.weight", "bn2.bias", "bn2.mean", "bn2.var"], ["b2"]),
         helper.make_node("Relu", ["b2"], ["r2"]),
         helper.make_node("GlobalAveragePool", ["r2"], ["p"]),
         helper.make_node("Flatten", ["p"], ["f"]),
         helper.make_node("Gemm", ["f", "fc.weight", "fc.bias"], ["output"], transB=1),
     ]
+    if dynamo_bias:  # torch's dynamo exporter (optimize=False) computes a bias-free Conv's zero bias at run time
+        nodes[:0] = [
+            helper.make_node("Shape", ["conv2.weight"], ["conv2.channels"], start=0, end=1),
+            helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.array(0, np.int64))),
+            helper.make_node("CastLike", ["zero", "input"], ["zero_like_input"]),
+            helper.make_node("Expand", ["zero_like_input", "conv2.channels"], ["conv2.zero_bias"]),
+        ]
     graph = helper.make_graph(
         nodes, "cnn", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 10, 10])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 4])],
@@ -54,10 +62,10 @@ def _cnn(seed: int = 0) -> onnx.ModelProto:
     return model
 
 
-def _generate(folder, trainable=("fc.*",)):
+def _generate(folder, trainable=("fc.*",), dynamo_bias: bool = False):
     frozen = [n for n in BACKBONE if not any(n.startswith(t.rstrip("*")) for t in trainable)]
-    generate_artifacts(_cnn(), requires_grad=list(trainable), frozen_params=frozen, loss=LossType.CrossEntropyLoss,
-                       optimizer=blocks.AdamW(), artifact_directory=folder)
+    generate_artifacts(_cnn(dynamo_bias=dynamo_bias), requires_grad=list(trainable), frozen_params=frozen,
+                       loss=LossType.CrossEntropyLoss, optimizer=blocks.AdamW(), artifact_directory=folder)
     return folder
 
 
@@ -68,7 +76,7 @@ def _batches(n: int = 6):
 
 
 def _train(folder, constants: bool, batches, write_frozen_at: int | None = None, session_options=None,
-           fuse: bool = True):
+           fuse: bool = True, evaluate: bool = True):
     state = CheckpointState.load_checkpoint(folder / "checkpoint")
     module = Module(folder / "training_model.onnx", state, folder / "eval_model.onnx", session_options=session_options)
     module.training_run.frozen_constants = constants
@@ -82,6 +90,8 @@ def _train(folder, constants: bool, batches, write_frozen_at: int | None = None,
         losses.append(float(module(x, y)))
         optimizer.step()
         module.lazy_reset_grad()
+    if not evaluate:
+        return losses, None, state.parameters["fc.weight"].data
     module.eval()
     return losses, float(module(*batches[0])), state.parameters["fc.weight"].data
 
@@ -203,3 +213,19 @@ def test_a_session_that_refuses_the_constants_reads_them_as_inputs(tmp_path, mon
     assert "reads its frozen weights as inputs" in caplog.text and "refused for the test" in caplog.text
     monkeypatch.setattr(run_module, "open_artifact_session", original)
     np.testing.assert_array_equal(losses, _train(folder, False, batches)[0])
+
+
+@pytest.mark.parametrize("dynamo_bias", [False, True], ids=["conv", "dynamo-zero-bias"])
+def test_onnxruntime_folds_the_frozen_batchnorms_into_the_convolutions(tmp_path, dynamo_bias):
+    """What the constants are for, seen in onnxruntime's optimized training graph: every BatchNormalization of the
+    frozen backbone folded into its Conv; with the weights as inputs none is. With dynamo's zero bias, that needs
+    the source's CastLike rewritten as a Cast (artifacts/passes/cast_like_to_cast.py)."""
+    folder = _generate(tmp_path / "artifacts", dynamo_bias=dynamo_bias)
+    batch_norms = {}
+    for constants in (False, True):
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(tmp_path / f"optimized_{constants}.onnx")
+        _train(folder, constants, _batches(1), session_options=options, evaluate=False)  # eval would overwrite it
+        optimized = onnx.load(options.optimized_model_filepath, load_external_data=False)
+        batch_norms[constants] = sum(n.op_type == "BatchNormalization" for n in optimized.graph.node)
+    assert batch_norms == {False: 2, True: 0}

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from onnxtrain.artifacts.foreign import Detached, annotate_reshape_ranks, detach_foreign_ops
+from onnxtrain.artifacts.passes.cast_like_to_cast import CastLikeToCast
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.ir.passes import clone, clone_without, declare_as_inputs, default_opset, node_inputs
 
@@ -83,6 +84,11 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     elif opset < 14:
         annotate_reshape_ranks(proto, weights)
     _unalias_initializers(proto.graph, weights)
+    # onnxruntime folds a Cast of a constant, not a CastLike to a graph input's type (dynamo's zero conv biases)
+    likes = {n.input[1] for n in proto.graph.node if n.op_type == "CastLike" and len(n.input) == 2}
+    if likes:
+        types = {x: helper.np_dtype_to_tensor_dtype(weights[x].dtype) for x in likes if x in weights}
+        proto = CastLikeToCast(types).run(proto).model
     return SourceModel(proto, weights, opset, first_output, detached)
 
 

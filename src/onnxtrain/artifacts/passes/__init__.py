@@ -1,6 +1,7 @@
 """The generator's graph passes (see onnxtrain.ir.pass_infra for the contract every pass keeps)."""
 
 from onnxtrain.artifacts.passes.backward_order import BackwardOrder
+from onnxtrain.artifacts.passes.cast_like_to_cast import CastLikeToCast
 from onnxtrain.artifacts.passes.drop_unread_indices import DropUnreadIndices
 from onnxtrain.artifacts.passes.eval_mode import EvalMode
 from onnxtrain.artifacts.passes.fold_output_identities import FoldOutputIdentities
@@ -11,4 +12,4 @@ from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.artifacts.passes.shapes_in_forward import ShapesInForward
 
 __all__ = ["EvalMode", "DropUnreadIndices", "PoolBeforeRelu", "FoldOutputIdentities", "SequencesToSplit",
-           "RecomputeInBackward", "ShapesInForward", "GeluBackward", "BackwardOrder"]
+           "RecomputeInBackward", "ShapesInForward", "GeluBackward", "BackwardOrder", "CastLikeToCast"]
