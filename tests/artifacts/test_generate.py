@@ -506,3 +506,22 @@ def test_artifacts_declare_the_lowest_ir_version_their_opset_allows(tmp_path, op
         proto = onnx.load(tmp_path / file)
         assert proto.ir_version == expected_ir, file
         onnx.checker.check_model(proto, full_check=True)
+
+
+def test_an_optimizer_with_nothing_to_train_is_reported(tmp_path, caplog):
+    """requires_grad=[] or trainable_ops=0 with an optimizer asked for: the artifacts are written (they still
+    evaluate), and a warning names what selected no parameter."""
+    from tests import models as tiny
+
+    cases = {"none": {"requires_grad": []}, "zero_ops": {"trainable_ops": 0}, "last_op": {"trainable_ops": 1}}
+    for folder, selection in cases.items():
+        caplog.clear()
+        generate_artifacts(tiny.conv_bn(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                           artifact_directory=tmp_path / folder, **selection)
+        warned = [r.getMessage() for r in caplog.records if "no parameter trains" in r.getMessage()]
+        if folder == "last_op":  # the Gemm's weight and bias train
+            assert not warned
+        else:
+            assert len(warned) == 1 and ("requires_grad=[]" in warned[0] if folder == "none"
+                                         else "trainable_ops=0" in warned[0]), warned
+        assert (tmp_path / folder / "optimizer_model.onnx").exists()

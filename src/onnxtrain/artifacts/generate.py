@@ -148,6 +148,10 @@ def generate_artifacts(
         train, frozen, lora_meta = (apply_lora(source, lora, requires_grad, frozen_params) if lora is not None
                                     else (requires_grad, frozen_params, None))
         plan = plan_parameters(source.model.graph, source.weights, train, frozen, trainable_ops)
+        if not plan.trainable and opt_block is not None and lora is None:
+            chosen = f"trainable_ops={trainable_ops}" if trainable_ops >= 0 else f"requires_grad={train!r}"
+            logger.warning("no parameter trains (%s selects none): the optimizer model will update nothing; "
+                           "name the parameters to train in requires_grad, or raise trainable_ops", chosen)
         # Each file is written on the writer's threads as soon as it is final: the checkpoint while the graphs
         # are built, the eval and optimizer models while the training graph goes through its passes.
         data = _checkpoint_data(source.weights, plan)
