@@ -227,8 +227,6 @@ class TrainingRun:
         """The training model with the reset flag fixed (runtime/passes/specialize_reset.py) and embedding
         gradients scattered into their buffers (scatter_gradient.py), or as written if it cannot be specialised
         (the flag input then decides at run time: slower, same results)."""
-        if reset not in self._specialized_models and not self.meta.trainable:  # no gradient to accumulate
-            self._specialized_models[reset], self._zeroed[reset] = self.train_model, []
         if reset not in self._specialized_models:
             zeroed = []
             try:

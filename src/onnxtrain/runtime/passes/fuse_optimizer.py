@@ -89,6 +89,8 @@ class FuseOptimizer(Pass):
         train, optimizer = model, self.optimizer
         tg, og = train.graph, optimizer.graph
         grad_outputs = [names.grad_output_name(p) for p in self.trainable]
+        if not grad_outputs:
+            raise PassError("nothing trains: the training graph has no gradient for the optimizer graph to read")
         missing = [g for g in grad_outputs if g not in {o.name for o in tg.output}]
         if missing:
             raise PassError(f"the training graph has no gradient outputs {missing[:3]}")
