@@ -8,12 +8,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from onnxtrain.artifacts.foreign import Detached, annotate_reshape_ranks, detach_foreign_ops
 from onnxtrain.artifacts.passes.cast_like_to_cast import CastLikeToCast
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.ir.passes import clone, clone_without, declare_as_inputs, default_opset, node_inputs
+from onnxtrain.ir.types import onnx_dtype
 
 __all__ = ["SourceModel", "load_source_model", "MIN_OPSET", "KEEP_OPSET_FROM"]
 
@@ -87,7 +88,7 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     # onnxruntime folds a Cast of a constant, not a CastLike to a graph input's type (dynamo's zero conv biases)
     likes = {n.input[1] for n in proto.graph.node if n.op_type == "CastLike" and len(n.input) == 2}
     if likes:
-        types = {x: helper.np_dtype_to_tensor_dtype(weights[x].dtype) for x in likes if x in weights}
+        types = {x: onnx_dtype(weights[x].dtype) for x in likes if x in weights}
         proto = CastLikeToCast(types).run(proto).model
     return SourceModel(proto, weights, opset, first_output, detached)
 

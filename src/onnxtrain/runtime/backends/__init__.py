@@ -9,7 +9,8 @@ import onnx
 
 from onnxtrain.runtime.backends.base import Session, TensorMeta
 
-__all__ = ["Session", "TensorMeta", "open_session", "DEVICES", "check_device", "is_onnxruntime", "supports_constants"]
+__all__ = ["Session", "TensorMeta", "open_session", "DEVICES", "check_device", "is_onnxruntime", "names_providers",
+           "supports_constants"]
 
 DEVICES = ("cpu", "ort", "onnxruntime", "reference", "python")
 
@@ -27,11 +28,16 @@ def is_onnxruntime(device: str) -> bool:
     return device in ("cpu", "ort", "onnxruntime")
 
 
+def names_providers(session_options) -> bool:
+    """Whether onnxruntime ``session_options`` name execution providers of their own (1.22 and later can say)."""
+    check = getattr(session_options, "has_providers", None)
+    return check is not None and check()
+
+
 def supports_constants(device: str, session_options) -> bool:
     """Whether sessions on ``device`` with ``session_options`` can take initializers from arrays (``constants`` of
     :func:`open_session`): onnxruntime, with options that name no execution provider of their own."""
-    names_providers = getattr(session_options, "has_providers", None)  # onnxruntime >= 1.22
-    return is_onnxruntime(device) and not (names_providers is not None and names_providers())
+    return is_onnxruntime(device) and not names_providers(session_options)
 
 
 def open_session(model: onnx.ModelProto, device: str = "cpu", session_options=None,

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnxtrain.runtime.backends import names_providers
 from onnxtrain.runtime.backends.base import Session
 
 __all__ = ["OrtSession", "copy_session_options"]
@@ -92,7 +93,7 @@ def copy_session_options(options: ort.SessionOptions | None) -> ort.SessionOptio
     copy = ort.SessionOptions()
     if options is None:
         return copy
-    if getattr(options, "has_providers", lambda: False)():  # onnxruntime >= 1.22
+    if names_providers(options):
         return None
     for name in _OPTION_ATTRIBUTES:
         if hasattr(options, name):

@@ -30,6 +30,7 @@ from onnx import helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import clone_without, implicit_inputs
+from onnxtrain.ir.types import onnx_dtype
 
 __all__ = ["FrozenAsConstants", "constant_names", "LOCATION", "CONSTANT_WEIGHT_INPUTS"]
 
@@ -68,7 +69,7 @@ class FrozenAsConstants(Pass):
         out.graph.input.extend(i for i in graph.input if i.name not in candidates)
         for name in sorted(candidates):
             array = self.frozen[name]
-            tensor = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+            tensor = onnx.TensorProto(name=name, data_type=onnx_dtype(array.dtype),
                                       dims=array.shape, data_location=onnx.TensorProto.EXTERNAL)
             tensor.external_data.add(key="location", value=LOCATION)
             out.graph.initializer.append(tensor)
