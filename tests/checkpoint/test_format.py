@@ -27,6 +27,7 @@ from onnxtrain.checkpoint import (
     split_tensor_key,
     tensor_key,
 )
+from onnxtrain.checkpoint import metadata
 from onnxtrain.checkpoint.data import KINDS
 from onnxtrain.errors import CheckpointError
 
@@ -582,8 +583,47 @@ def test_failure_mid_save_keeps_old_file_and_no_temp(tmp_path, monkeypatch, targ
     assert_same(load_checkpoint(path), old)
 
 
+@pytest.mark.skipif(not hasattr(os, "writev"), reason="the platform has no writev")
+def test_interrupt_after_half_the_bytes_of_a_vectored_write_keeps_old_file(tmp_path, monkeypatch):
+    path, old, new = old_and_new(tmp_path)
+    real_writev = os.writev
+    calls = []
+
+    def half_writev(fd, buffers):
+        calls.append(len(buffers))
+        data = b"".join(buffers)
+        real_writev(fd, [data[: len(data) // 2]])
+        raise KeyboardInterrupt  # not an Exception: cleanup must still run
+
+    monkeypatch.setattr(os, "writev", half_writev)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(new, path)
+    monkeypatch.undo()
+    assert calls and calls[0] > 1  # the pieces went in one call
+    assert os.listdir(tmp_path) == ["model.ckpt"]
+    assert_same(load_checkpoint(path), old)
+    save_checkpoint(new, path)
+    assert_same(load_checkpoint(path), new)
+
+
+def test_short_vectored_writes_write_every_byte(tmp_path, monkeypatch):
+    if not hasattr(os, "writev"):
+        pytest.skip("the platform has no writev")
+    path, _, new = old_and_new(tmp_path)
+    real_writev = os.writev
+
+    def short_writev(fd, buffers):  # at most 5 bytes per call, cutting pieces anywhere
+        return real_writev(fd, [bytes(b"".join(buffers)[:5])])
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    save_checkpoint(new, path)
+    monkeypatch.undo()
+    assert_same(load_checkpoint(path), new)
+
+
 def test_interrupt_after_half_the_bytes_keeps_old_file(tmp_path, monkeypatch):
     path, old, new = old_and_new(tmp_path)
+    monkeypatch.delattr(os, "writev", raising=False)  # the write() path, as on Windows
     real_fdopen = os.fdopen
 
     class HalfWriter:
@@ -655,23 +695,16 @@ import numpy as np
 from onnxtrain.checkpoint import CheckpointData, save_checkpoint
 
 path, stage = sys.argv[1], sys.argv[2]
-real_fdopen, real_fsync, real_replace = os.fdopen, os.fsync, os.replace
+real_fsync, real_replace, real_writev = os.fsync, os.replace, getattr(os, "writev", None)
 
 def stop():
     print("stopped", flush=True)
     time.sleep(60)
 
-class HalfThenStop:  # the file object of the temporary file: writes half the bytes, then stops
-    def __init__(self, file):
-        self.file = file
-    def __enter__(self):
-        return self
-    def __exit__(self, *exc):
-        self.file.close()
-    def write(self, data):
-        self.file.write(data[: len(data) // 2])
-        self.file.flush()
-        stop()
+def half_then_stop(fd, buffers):  # the pieces' one vectored write: half the bytes, then it stops
+    data = b"".join(buffers)
+    real_writev(fd, [data[: len(data) // 2]])
+    stop()
 
 def fsync(fd):
     stop() if stage == "before_fsync" else real_fsync(fd)
@@ -684,13 +717,13 @@ def replace(src, dst):
         stop()
 
 if stage == "mid_write":
-    os.fdopen = lambda *args, **kwargs: HalfThenStop(real_fdopen(*args, **kwargs))
+    os.writev = half_then_stop
 os.fsync, os.replace = fsync, replace
 save_checkpoint(CheckpointData(trainable={"w": np.full(2**20, 1, np.float32)}, step=1), path)
 """
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="uses SIGKILL")
+@pytest.mark.skipif(sys.platform == "win32", reason="uses SIGKILL and writev")
 @pytest.mark.parametrize("stage,survivor", [("mid_write", 0), ("before_fsync", 0), ("before_replace", 0),
                                             ("after_replace", 1)])
 def test_writer_killed_at_each_stage_leaves_a_complete_checkpoint(tmp_path, stage, survivor):
@@ -794,3 +827,17 @@ def test_streamed_pieces_are_the_bytes_safetensors_writes(metadata):
     assert b"".join(pieces) == safetensors.numpy.save(tensors, metadata=metadata or None)
     # the data pieces are views of the arrays, not copies
     assert any(np.shares_memory(np.frombuffer(p, np.uint8), tensors["trainable/w"]) for p in pieces[1:])
+
+
+# ---------------------------------------------------------------- tensor digest
+
+
+@pytest.mark.parametrize("sizes", [[3, 5_000_000, 7], [1_500_000] * 5, [5_000_000, 5_000_000], [], [0, 2, 0]])
+def test_tensor_digest_is_of_the_bytes_in_order_whatever_the_batching(sizes, monkeypatch):
+    """Small arrays are hashed in joined batches, large ones alone: the digest stays that of the concatenation
+    (a batch left pending before a large array would reorder the bytes)."""
+    monkeypatch.setattr(metadata, "_HASH_BATCH_BYTES", 4_000_000)
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(0, 255, size, dtype=np.uint8) for size in sizes]
+    expected = hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()
+    assert metadata.tensors_sha256(arrays) == expected
