@@ -27,7 +27,7 @@ from onnxtrain.checkpoint import (
     split_tensor_key,
     tensor_key,
 )
-from onnxtrain.checkpoint import metadata
+from onnxtrain.checkpoint import metadata as checkpoint_metadata
 from onnxtrain.checkpoint.data import KINDS
 from onnxtrain.errors import CheckpointError
 
@@ -836,8 +836,8 @@ def test_streamed_pieces_are_the_bytes_safetensors_writes(metadata):
 def test_tensor_digest_is_of_the_bytes_in_order_whatever_the_batching(sizes, monkeypatch):
     """Small arrays are hashed in joined batches, large ones alone: the digest stays that of the concatenation
     (a batch left pending before a large array would reorder the bytes)."""
-    monkeypatch.setattr(metadata, "_HASH_BATCH_BYTES", 4_000_000)
+    monkeypatch.setattr(checkpoint_metadata, "_HASH_BATCH_BYTES", 4_000_000)
     rng = np.random.default_rng(0)
     arrays = [rng.integers(0, 255, size, dtype=np.uint8) for size in sizes]
     expected = hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()
-    assert metadata.tensors_sha256(arrays) == expected
+    assert checkpoint_metadata.tensors_sha256(arrays) == expected
