@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -619,6 +620,25 @@ def test_short_vectored_writes_write_every_byte(tmp_path, monkeypatch):
     save_checkpoint(new, path)
     monkeypatch.undo()
     assert_same(load_checkpoint(path), new)
+
+
+@pytest.mark.parametrize("failing", ["writev", "fsync"])
+def test_full_disk_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch, failing):
+    """A write or fsync error carries no file name of its own (``[Errno 28] No space left on device``): the
+    OSError names the checkpoint, and the old file and the directory are as they were."""
+    path, old, new = old_and_new(tmp_path)
+
+    def no_space(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, failing, no_space, raising=False)
+    with pytest.raises(OSError) as info:
+        save_checkpoint(new, path)
+    monkeypatch.undo()
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(path)
+    assert str(path) in str(info.value) and "unchanged" in str(info.value)
+    assert os.listdir(tmp_path) == ["model.ckpt"]
+    assert_same(load_checkpoint(path), old)
 
 
 def test_interrupt_after_half_the_bytes_keeps_old_file(tmp_path, monkeypatch):

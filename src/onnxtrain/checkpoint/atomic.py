@@ -76,6 +76,11 @@ class StagedWrite:
             os.fsync(self._file.fileno())
             if fcntl is None:  # Windows cannot rename a file that is open
                 self._open.close()
+        except OSError as exc:
+            self.discard()
+            if exc.filename is None and exc.errno is not None:  # a write or fsync error (a full disk) names no file
+                raise OSError(exc.errno, f"{exc.strerror} (the file is unchanged)", self.target) from exc
+            raise
         except BaseException:
             self.discard()
             raise
