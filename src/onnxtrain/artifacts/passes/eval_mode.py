@@ -6,21 +6,34 @@ Cases handled:
    its training-only outputs (the updated running statistics) removed.
 2. Dropout: its ``training_mode`` input emptied (inference mode: the identity; the slot stays, as in the
    peer's eval model) and its mask output removed.
-3. Then nodes and initializers that no graph output depends on any more are removed.
+3. Stochastic depth (drop path) as a training-mode TorchScript export writes it: no ONNX op, but a product of the
+   branch ``x`` with a random mask that keeps a sample with probability ``k``. In eval mode torch returns ``x``
+   itself, so the product becomes ``Identity(x)`` (without this the eval and exported inference models dropped
+   residual branches at random). Masks recognised: ``Floor(U + k)`` (Hugging Face's ``drop_path``) and
+   ``Cast(Less(U, k))`` (``bernoulli_(k)``: timm's ``DropPath``, torchvision's ``StochasticDepth``), with ``U``
+   a ``RandomUniform(Like)`` over [0, 1) and ``k`` a constant; the product is ``Mul(x, mask)``,
+   ``Mul(x, Div(mask, k))`` or ``Mul(Div(x, k), mask)`` (either operand order), and its ``x`` is taken before the
+   division by ``k``. Other random ops are left as they are.
+4. Then nodes and initializers that no graph output depends on any more are removed.
 """
 
 from __future__ import annotations
 
+import math
+
 import onnx
+from onnx import helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, node_inputs, prune_nodes
+from onnxtrain.ir.passes import clone, constant_values, node_inputs, prune_nodes
+
+_UNIFORM = frozenset({"RandomUniform", "RandomUniformLike"})
 
 __all__ = ["EvalMode"]
 
 
 class EvalMode(Pass):
-    """Switch training-mode BatchNormalization and Dropout nodes to inference mode."""
+    """Switch training-mode BatchNormalization, Dropout and stochastic depth to inference mode."""
 
     def call(self, model: onnx.ModelProto) -> PassResult:
         out = clone(model)
@@ -39,6 +52,10 @@ class EvalMode(Pass):
                 if len(node.input) > 2:
                     node.input[2] = ""
                 del node.output[1:]
+        for k, x in _drop_paths(graph).items():
+            node = graph.node[k]
+            node.CopyFrom(helper.make_node("Identity", [x], [node.output[0]], name=node.name))
+            modified = True
         if not modified:
             return PassResult(model, False)
         kept = prune_nodes(list(graph.node), [o.name for o in graph.output])
@@ -48,3 +65,59 @@ class EvalMode(Pass):
             del field[:]
             field.extend(values)
         return PassResult(out, True)
+
+
+def _drop_paths(graph: onnx.GraphProto) -> dict[int, str]:
+    """The stochastic-depth products of ``graph`` (case 3): node index -> the value eval mode passes on."""
+    nodes = list(graph.node)
+    producer = {o: nodes[k] for k in range(len(nodes)) for o in nodes[k].output if o}
+    constants = {name: value for name, value in constant_values(graph).items() if value.size == 1}
+
+    def scalar(value: str) -> float | None:
+        return float(constants[value].reshape(-1)[0]) if value in constants else None
+
+    def made_by(value: str, op_type: str) -> onnx.NodeProto | None:
+        node = producer.get(value)
+        return node if node is not None and node.op_type == op_type else None
+
+    def uniform(value: str) -> bool:
+        node = producer.get(value)
+        if node is None or node.op_type not in _UNIFORM:
+            return False
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        return attrs.get("low", 0.0) == 0.0 and attrs.get("high", 1.0) == 1.0
+
+    def keep_of(mask: str) -> float | None:
+        """k when ``mask`` is 1 with probability k and 0 otherwise."""
+        floor, cast = made_by(mask, "Floor"), made_by(mask, "Cast")
+        if floor is not None and (add := made_by(floor.input[0], "Add")) is not None:
+            for u, k in ((add.input[0], add.input[1]), (add.input[1], add.input[0])):
+                if uniform(u) and scalar(k) is not None:
+                    return scalar(k)
+        if cast is not None and (less := made_by(cast.input[0], "Less")) is not None:
+            if uniform(less.input[0]) and scalar(less.input[1]) is not None:
+                return scalar(less.input[1])
+        return None
+
+    def divided_by(value: str, keep: float) -> str | None:
+        """v when ``value`` is ``Div(v, keep)``."""
+        div = made_by(value, "Div")
+        if div is not None and scalar(div.input[1]) is not None and math.isclose(scalar(div.input[1]), keep):
+            return div.input[0]
+        return None
+
+    found = {}
+    for k, node in enumerate(nodes):
+        if node.op_type != "Mul" or len(node.input) != 2:
+            continue
+        for x, mask in ((node.input[0], node.input[1]), (node.input[1], node.input[0])):
+            keep = keep_of(mask)
+            if keep is not None:  # x * mask, or (x / k) * mask
+                found[k] = divided_by(x, keep) or x
+                break
+            div = made_by(mask, "Div")
+            keep = keep_of(div.input[0]) if div is not None else None
+            if keep is not None and divided_by(mask, keep) is not None:  # x * (mask / k)
+                found[k] = x
+                break
+    return found
