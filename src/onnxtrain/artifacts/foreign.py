@@ -64,12 +64,6 @@ def detach_foreign_ops(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -
     if not foreign:
         _default_domain_only(model)
         return Detached()
-    local = {(f.domain, f.name) for f in model.functions}
-    calls = [n for n in foreign if (n.domain, n.op_type) in local]
-    if calls:
-        raise ValueError(f"node {calls[0].name!r} calls {calls[0].domain}::{calls[0].op_type}, a function defined in "
-                         f"the model ({len(calls)} such calls): onnxtrain differentiates default-domain ops only; "
-                         f"inline the model's functions first: onnx.inliner.inline_local_functions(model)")
     cause: dict[str, onnx.NodeProto] = {}  # value -> the foreign node it is computed from
     kept = []
     for node in graph.node:

@@ -12,6 +12,7 @@ from onnx import numpy_helper
 
 from onnxtrain.artifacts.foreign import Detached, annotate_reshape_ranks, detach_foreign_ops
 from onnxtrain.artifacts.passes.cast_like_to_cast import CastLikeToCast
+from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.ir.passes import clone, clone_without, declare_as_inputs, default_opset, node_inputs
 from onnxtrain.ir.types import onnx_dtype
@@ -58,6 +59,8 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     # than a serialization), whose values are read once into ``weights``. A model read from a file is then
     # dropped, so one copy of the weights is alive during generation, not two (docs/memory.md).
     proto = clone_without(original, "initializer")
+    # calls of the model's own functions (export_modules_as_functions) become their bodies: default-domain ops
+    proto = InlineLocalFunctions().run(proto).model
     opset = default_opset(proto)
     if opset is None:
         raise ValueError("the model imports no default-domain (ai.onnx) opset")

@@ -6,10 +6,12 @@ from onnxtrain.artifacts.passes.drop_unread_indices import DropUnreadIndices
 from onnxtrain.artifacts.passes.eval_mode import EvalMode
 from onnxtrain.artifacts.passes.fold_output_identities import FoldOutputIdentities
 from onnxtrain.artifacts.passes.gelu_backward import GeluBackward
+from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
 from onnxtrain.artifacts.passes.pool_before_relu import PoolBeforeRelu
 from onnxtrain.artifacts.passes.recompute import RecomputeInBackward
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.artifacts.passes.shapes_in_forward import ShapesInForward
 
 __all__ = ["EvalMode", "DropUnreadIndices", "PoolBeforeRelu", "FoldOutputIdentities", "SequencesToSplit",
-           "RecomputeInBackward", "ShapesInForward", "GeluBackward", "BackwardOrder", "CastLikeToCast"]
+           "RecomputeInBackward", "ShapesInForward", "GeluBackward", "BackwardOrder", "CastLikeToCast",
+           "InlineLocalFunctions"]
