@@ -22,7 +22,23 @@ _T5_DYNAMO = ("ConversionError: Failed to decompose the FX graph for ONNX compat
               "a tensor with shape torch.Size([s77, s27, 2, 8]) and strides (16*s27, 8, 8*s27, 1) as a tensor with "
               "shape (s77, s27, 16)!")
 
+# torch's TorchScript exporter has no symbolic for the FFT (the dynamo exporter writes DFT, which trains)
+_FNET_TORCHSCRIPT = ("UnsupportedOperatorError: Exporting the operator 'aten::fft_fftn' to ONNX opset version 17 is "
+                     "not supported")
+_BEIT_DYNAMO = "ConversionError: Failed to decompose the FX graph for ONNX compatibility."
+# the dynamo export bakes the interpolated position embeddings at the export size: the source model itself fails
+# in onnxruntime at 48 px (17 position rows against 37 tokens)
+_DINOV2_DYNAMO = ("ExecutionError: the training step failed in a Add node: ... Attempting to broadcast an axis by a "
+                  "dimension other than 1. 17 by 37")
+# the dynamo export (optimize=False) writes a bias-free Conv3d's zero bias with the wrong shape: the source model
+# itself fails in onnxruntime ("bias must be a 1D tensor of size output_channels (64)")
+_R3D_DYNAMO = "ExecutionError: the training step failed in a Conv node: Compute Conv : bias must be a 1D tensor ..."
+
 EXPECTED_FAILURES: dict[tuple[str, ...], str] = {
+    **{("fnet", e): _FNET_TORCHSCRIPT for e in ("torchscript-train", "torchscript-eval")},
+    ("beit", "dynamo"): _BEIT_DYNAMO,
+    **{("dinov2", "dynamo", c): _DINOV2_DYNAMO for c in ("size", "exports")},
+    **{("r3d_18", "dynamo", c): _R3D_DYNAMO for c in ("base", "batch", "size", "trains", "exports")},
     **{("efficientnet_b0", e, "trains"): _EFFNET_EVAL_DIVERGES for e in ("torchscript-eval", "dynamo")},
     **{("mobilevit_xxs", e, c): _MOBILEVIT_TRACED for e in ("torchscript-train", "torchscript-eval")
        for c in ("size", "exports")},

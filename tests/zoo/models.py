@@ -237,6 +237,76 @@ def poolformer():
                       use_mlp_head=False, num_classes=CLASSES, drop_rate=0.0, drop_path_rate=0.0)
 
 
+def _hf(model_class: str, config_class: str, **config):
+    """A transformers model with its logits as the single output."""
+    def build():
+        import transformers
+
+        return Logits.wrap(getattr(transformers, model_class)(getattr(transformers, config_class)(**config)))
+
+    return build
+
+
+def clip_vision():
+    """CLIP's vision tower (class embedding, pre-LayerNorm, quick GELU) and its projection as the class scores."""
+    import torch
+    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    config = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                              image_size=32, patch_size=8, projection_dim=CLASSES)
+
+    class _Embeds(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = CLIPVisionModelWithProjection(config)
+
+        def forward(self, x):
+            return self.model(x).image_embeds
+
+    return _Embeds()
+
+
+def lraspp():
+    """torchvision's LR-ASPP segmentation head on MobileNetV3-Large: sigmoid-gated pooled branch, bilinear
+    upsampling of both branches and of the logits to the input size."""
+    import torch
+
+    from tests.zoo.vision import import_torchvision
+
+    net = import_torchvision().models.segmentation.lraspp_mobilenet_v3_large(
+        weights=None, weights_backbone=None, num_classes=CLASSES)
+
+    class _Out(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return self.net(x)["out"]
+
+    return _Out()
+
+
+def r3d_18():
+    """torchvision's 3D ResNet-18 for video (Conv3d, BatchNorm3d, 3D pooling)."""
+    from tests.zoo.vision import import_torchvision
+
+    return import_torchvision().models.video.r3d_18(weights=None, num_classes=CLASSES)
+
+
+def _video(batch, size, rng):
+    return (rng.standard_normal((batch, 3, 4, size, size)).astype(np.float32),)
+
+
+def _full_size_pixel_classes(inputs, rng):
+    batch, _, height, width = inputs[0].shape
+    return rng.integers(0, CLASSES, (batch, height, width)).astype(np.int64)
+
+
+_SMALL_HF = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                 num_labels=CLASSES)
+
+
 def _mel(batch, size, rng):
     return (rng.standard_normal((batch, 8, size)).astype(np.float32),)
 
@@ -306,4 +376,63 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     Spec("whisper", "transformers", whisper, _mel, _classes, (32, None), {}, batches=(2, 3)),
     Spec("segformer", "transformers", segformer, _image, _pixel_classes, (64, 96), IMAGE_AXES,
          output_axes={2: "height/4", 3: "width/4"}),
+    # probed on 2026-11-27 as architectures nobody here had tried (slow only):
+    # bottleneck layers and NoNorm (an elementwise affine instead of LayerNorm)
+    _text("mobilebert", _hf("MobileBertForSequenceClassification", "MobileBertConfig", vocab_size=VOCAB,
+                            max_position_embeddings=32, embedding_size=16, intra_bottleneck_size=16,
+                            true_hidden_size=16, num_feedforward_networks=2, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0, **_SMALL_HF)),
+    # span-based dynamic convolution: kernels computed from the input, applied through an unfold
+    _text("convbert", _hf("ConvBertForSequenceClassification", "ConvBertConfig", vocab_size=VOCAB,
+                          max_position_embeddings=32, embedding_size=16, conv_kernel_size=3, head_ratio=1,
+                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_SMALL_HF)),
+    # grouped 1x1 Conv1d in place of the linear layers
+    _text("squeezebert", _hf("SqueezeBertForSequenceClassification", "SqueezeBertConfig", vocab_size=VOCAB,
+                             max_position_embeddings=32, embedding_size=16, q_groups=2, k_groups=2, v_groups=2,
+                             post_attention_groups=2, intermediate_groups=2, output_groups=2,
+                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_SMALL_HF)),
+    # token mixing by a 2D Fourier transform (DFT); TorchScript cannot export it, the dynamo exporter can
+    _text("fnet", _hf("FNetForSequenceClassification", "FNetConfig", vocab_size=VOCAB, max_position_embeddings=32,
+                      hidden_size=16, num_hidden_layers=2, intermediate_size=32, hidden_dropout_prob=0.0,
+                      num_labels=CLASSES, use_tpu_fourier_optimizations=False)),
+    # ALiBi position biases computed from the attention mask
+    _text("bloom", _hf("BloomForSequenceClassification", "BloomConfig", vocab_size=VOCAB, hidden_size=16,
+                       n_layer=2, n_head=2, hidden_dropout=0.0, attention_dropout=0.0, num_labels=CLASSES,
+                       pad_token_id=0)),
+    # grouped-query attention with biased projections, RMSNorm, SwiGLU, rotary embeddings
+    _text("qwen2", _hf("Qwen2ForSequenceClassification", "Qwen2Config", vocab_size=VOCAB, hidden_size=16,
+                       intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                       max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0,
+                       attn_implementation="eager")),
+    # parallel attention and MLP residuals, partial rotary embeddings
+    _text("gpt_neox", _hf("GPTNeoXForSequenceClassification", "GPTNeoXConfig", vocab_size=VOCAB, hidden_size=16,
+                          intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=32,
+                          num_labels=CLASSES, pad_token_id=0, attn_implementation="eager", hidden_dropout=0.0,
+                          attention_dropout=0.0)),
+    # position embeddings interpolated (bicubic) to the input size; LayerScale
+    _vision("dinov2", "transformers", _hf("Dinov2ForImageClassification", "Dinov2Config", hidden_size=16,
+                                          num_hidden_layers=2, num_attention_heads=2, image_size=32, patch_size=8,
+                                          num_labels=CLASSES, mlp_ratio=2), sizes=(32, 48)),
+    # relative position bias tables; the image size is fixed by them
+    _vision("beit", "transformers", _hf("BeitForImageClassification", "BeitConfig", image_size=32, patch_size=8,
+                                        use_relative_position_bias=True, drop_path_rate=0.0, **_SMALL_HF),
+            sizes=(32, None), axes={}),
+    _vision("clip_vision", "transformers", clip_vision, sizes=(32, None), axes={}),
+    Spec("lraspp", "torchvision", lraspp, _image, _full_size_pixel_classes, (64, 96), IMAGE_AXES,
+         output_axes=IMAGE_AXES),
+    Spec("r3d_18", "torchvision", r3d_18, _video, _classes, (32, 48), {3: "height", 4: "width"}, batches=(2, 3)),
+    # weight standardization: every convolution normalizes its own weights in the forward
+    _vision("nf_resnet26", "timm", _timm("nf_resnet26")),
+    # mixed kernel sizes on channel splits
+    _vision("mixnet_s", "timm", _timm("mixnet_s")),
+    # split attention: a softmax over grouped convolution branches
+    _vision("resnest14d", "timm", _timm("resnest14d")),
+    # re-parameterizable branches (train-time form)
+    _vision("repvit_m0_9", "timm", _timm("repvit_m0_9")),
+    _vision("fastvit_t8", "timm", _timm("fastvit_t8")),
+    # convolutions and cross-covariance attention mixed
+    _vision("edgenext_xx_small", "timm", _timm("edgenext_xx_small")),
+    _vision("lcnet_050", "timm", _timm("lcnet_050")),
+    # parallel resolutions joined by strided convolutions and nearest upsampling
+    _vision("hrnet_w18_small", "timm", _timm("hrnet_w18_small")),
 ]}
