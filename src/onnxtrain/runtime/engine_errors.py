@@ -10,7 +10,10 @@ from onnxtrain.errors import ExecutionError, OnnxTrainError
 
 __all__ = ["run_session", "first_line"]
 
-_NODE = re.compile(r"running (\w+) node")
+_NODE = re.compile(r"running (\w+) node(?:\. Name:'([^']*)')?")
+# the ops where a class label (or another index) out of range fails; elsewhere that hint would mislead
+_INDEX_READERS = frozenset({"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "OneHot", "Gather",
+                            "GatherElements", "GatherND", "ScatterElements", "ScatterND"})
 
 
 def first_line(exc: BaseException) -> str:
@@ -38,5 +41,7 @@ def run_session(session, what: str, *args, **kwargs) -> list[np.ndarray]:
     except Exception as exc:  # onnxruntime and onnx.reference raise their own types
         node = _NODE.search(str(exc))
         where = f" in a {node.group(1)} node" if node else ""
-        raise ExecutionError(f"the {what} failed{where}: {_engine_message(exc)} (check the input values, e.g. "
-                             f"class labels must be below the number of classes)") from None
+        where += f" ({node.group(2)!r})" if node and node.group(2) else ""
+        hint = ("check the input values, e.g. class labels must be below the number of classes"
+                if node is None or node.group(1) in _INDEX_READERS else "check the inputs' shapes and values")
+        raise ExecutionError(f"the {what} failed{where}: {_engine_message(exc)} ({hint})") from None

@@ -1,0 +1,31 @@
+"""A failure inside onnxruntime names the step, the op and the node, with a hint that fits the op."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxtrain import artifacts
+from onnxtrain.api import CheckpointState, Module
+from onnxtrain.errors import ExecutionError
+
+
+def test_a_shape_failure_names_the_node_and_does_not_blame_the_labels(tmp_path):
+    """The input's feature axis is symbolic, so a wrong width passes the runtime's own checks and fails in the
+    first MatMul: the error names that node, and says nothing about class labels."""
+    weight = numpy_helper.from_array(np.ones((3, 2), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="first_matmul")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "features"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    paths = artifacts.generate_artifacts(model, loss=artifacts.LossType.CrossEntropyLoss, artifact_directory=tmp_path)
+    module = Module(paths["training"], CheckpointState.load_checkpoint(paths["checkpoint"]), paths["eval"])
+    labels = np.zeros(4, np.int64)
+    with pytest.raises(ExecutionError) as info:
+        module(np.ones((4, 5), np.float32), labels)
+    message = str(info.value)
+    assert "the training step failed in a MatMul node ('first_matmul')" in message
+    assert "class labels" not in message and "shapes" in message
+    with pytest.raises(ExecutionError, match="class labels must be below"):  # the loss reads the labels
+        module(np.ones((4, 3), np.float32), np.full(4, 9, np.int64))
