@@ -70,6 +70,8 @@ class EvalMode(Pass):
 def _drop_paths(graph: onnx.GraphProto) -> dict[int, str]:
     """The stochastic-depth products of ``graph`` (case 3): node index -> the value eval mode passes on."""
     nodes = list(graph.node)
+    if not any(n.op_type in _UNIFORM for n in nodes):  # no random mask: skip the walks (most models)
+        return {}
     producer = {o: nodes[k] for k in range(len(nodes)) for o in nodes[k].output if o}
     constants = {name: value for name, value in constant_values(graph).items() if value.size == 1}
 
