@@ -231,11 +231,21 @@ export async function openSession(ort, bytes, what, sessionOptions) {
   }
 }
 
-/** session.run(); an engine failure names the step. */
+// the ops where a class label (or another index) out of range fails; elsewhere that hint would mislead
+const INDEX_READERS = new Set(['SoftmaxCrossEntropyLoss', 'NegativeLogLikelihoodLoss', 'OneHot', 'Gather',
+  'GatherElements', 'GatherND', 'ScatterElements', 'ScatterND']);
+
+/** session.run(); an engine failure names the step, the op and the node (as the Python runtime's). */
 export async function run(session, feeds, what) {
   try {
     return await session.run(feeds);
   } catch (error) {
-    throw new Error(`the ${what} failed: ${error.message ?? error} (check the input values, e.g. class labels must be below the number of classes)`);
+    const message = String(error.message ?? error);
+    const node = /running (\w+) node(?:\. Name:'([^']*)')?/.exec(message);
+    const where = node ? ` in a ${node[1]} node${node[2] ? ` ('${node[2]}')` : ''}` : '';
+    const hint = !node || INDEX_READERS.has(node[1])
+      ? 'check the input values, e.g. class labels must be below the number of classes'
+      : "check the inputs' shapes and values";
+    throw new Error(`the ${what} failed${where}: ${message} (${hint})`);
   }
 }
