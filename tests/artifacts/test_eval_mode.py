@@ -56,9 +56,14 @@ class Residual(torch.nn.Module):
         return self.b(x + h)
 
 
-def export_training_mode(module, path):
+def export_training_mode(module, path, dynamo: bool = False):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if dynamo:  # writes CastLike where TorchScript writes Cast
+            torch.onnx.export(module.train(), (torch.randn(4, 6),), str(path), dynamo=True, optimize=False,
+                              input_names=["x"], output_names=["y"],
+                              dynamic_shapes=({0: torch.export.Dim.DYNAMIC},), verbose=False)
+            return
         torch.onnx.export(module.train(), (torch.randn(4, 6),), str(path), dynamo=False, opset_version=17,
                           do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING,
                           input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
@@ -68,11 +73,16 @@ def random_ops(model: onnx.ModelProto) -> set[str]:
     return {n.op_type for n in model.graph.node} & RANDOM
 
 
-@pytest.mark.parametrize("variant", ["floor", "bernoulli_scaled", "bernoulli_unscaled", "bernoulli_batch"])
-def test_eval_and_inference_models_pass_the_branch_on_as_torch_eval(tmp_path, variant):
+@pytest.mark.parametrize("variant,dynamo", [("floor", False), ("bernoulli_scaled", False),
+                                            ("bernoulli_unscaled", False), ("bernoulli_batch", False),
+                                            ("bernoulli_scaled", True)])
+def test_eval_and_inference_models_pass_the_branch_on_as_torch_eval(tmp_path, variant, dynamo):
     module = Residual(variant)
-    export_training_mode(module, tmp_path / "model.onnx")
-    assert random_ops(onnx.load(tmp_path / "model.onnx")), "the export has no random mask to test"
+    export_training_mode(module, tmp_path / "model.onnx", dynamo)
+    source = onnx.load(tmp_path / "model.onnx")
+    assert random_ops(source), "the export has no random mask to test"
+    # on the export itself (the generator first turns CastLike into Cast where the type is declared)
+    assert not random_ops(EvalMode()(source).model)
     artifacts.generate_artifacts(str(tmp_path / "model.onnx"), loss=artifacts.LossType.MSELoss,
                                  optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path / "art",
                                  additional_output_names=["y"])

@@ -10,8 +10,9 @@ Cases handled:
    branch ``x`` with a random mask that keeps a sample with probability ``k``. In eval mode torch returns ``x``
    itself, so the product becomes ``Identity(x)`` (without this the eval and exported inference models dropped
    residual branches at random). Masks recognised: ``Floor(U + k)`` (Hugging Face's ``drop_path``) and
-   ``Cast(Less(U, k))`` (``bernoulli_(k)``: timm's ``DropPath``, torchvision's ``StochasticDepth``), with ``U``
-   a ``RandomUniform(Like)`` over [0, 1) and ``k`` a constant; the product is ``Mul(x, mask)``,
+   ``Cast(Less(U, k))`` (``bernoulli_(k)``: timm's ``DropPath``, torchvision's ``StochasticDepth``; the dynamo
+   exporter writes ``CastLike`` for both casts), with ``U`` a ``RandomUniform(Like)`` over [0, 1) and ``k`` a
+   constant; the product is ``Mul(x, mask)``,
    ``Mul(x, Div(mask, k))`` or ``Mul(Div(x, k), mask)`` (either operand order), and its ``x`` is taken before the
    division by ``k``. Other random ops are left as they are.
 4. Then nodes and initializers that no graph output depends on any more are removed.
@@ -76,6 +77,9 @@ def _drop_paths(graph: onnx.GraphProto) -> dict[int, str]:
     constants = {name: value for name, value in constant_values(graph).items() if value.size == 1}
 
     def scalar(value: str) -> float | None:
+        like = made_by(value, "CastLike")  # the dynamo exporter casts the probability like the random values
+        if like is not None:
+            value = like.input[0]
         return float(constants[value].reshape(-1)[0]) if value in constants else None
 
     def made_by(value: str, op_type: str) -> onnx.NodeProto | None:
@@ -91,7 +95,7 @@ def _drop_paths(graph: onnx.GraphProto) -> dict[int, str]:
 
     def keep_of(mask: str) -> float | None:
         """k when ``mask`` is 1 with probability k and 0 otherwise."""
-        floor, cast = made_by(mask, "Floor"), made_by(mask, "Cast")
+        floor, cast = made_by(mask, "Floor"), made_by(mask, "Cast") or made_by(mask, "CastLike")
         if floor is not None and (add := made_by(floor.input[0], "Add")) is not None:
             for u, k in ((add.input[0], add.input[1]), (add.input[1], add.input[0])):
                 if uniform(u) and scalar(k) is not None:
