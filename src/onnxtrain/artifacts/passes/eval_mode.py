@@ -12,9 +12,8 @@ Cases handled:
    residual branches at random). Masks recognised: ``Floor(U + k)`` (Hugging Face's ``drop_path``) and
    ``Cast(Less(U, k))`` (``bernoulli_(k)``: timm's ``DropPath``, torchvision's ``StochasticDepth``; the dynamo
    exporter writes ``CastLike`` for both casts), with ``U`` a ``RandomUniform(Like)`` over [0, 1) and ``k`` a
-   constant; the product is ``Mul(x, mask)``,
-   ``Mul(x, Div(mask, k))`` or ``Mul(Div(x, k), mask)`` (either operand order), and its ``x`` is taken before the
-   division by ``k``. Other random ops are left as they are.
+   constant; the product is ``Mul(x, mask)``, ``Mul(x, Div(mask, k))`` or ``Mul(Div(x, k), mask)`` (either
+   operand order), and its ``x`` is taken before the division by ``k``. Other random ops are left as they are.
 4. Then nodes and initializers that no graph output depends on any more are removed.
 """
 
@@ -28,9 +27,9 @@ from onnx import helper
 from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import clone, constant_values, node_inputs, prune_nodes
 
-_UNIFORM = frozenset({"RandomUniform", "RandomUniformLike"})
-
 __all__ = ["EvalMode"]
+
+_UNIFORM = frozenset({"RandomUniform", "RandomUniformLike"})
 
 
 class EvalMode(Pass):
@@ -76,15 +75,15 @@ def _drop_paths(graph: onnx.GraphProto) -> dict[int, str]:
     producer = {o: nodes[k] for k in range(len(nodes)) for o in nodes[k].output if o}
     constants = {name: value for name, value in constant_values(graph).items() if value.size == 1}
 
+    def made_by(value: str, op_type: str) -> onnx.NodeProto | None:
+        node = producer.get(value)
+        return node if node is not None and node.op_type == op_type else None
+
     def scalar(value: str) -> float | None:
         like = made_by(value, "CastLike")  # the dynamo exporter casts the probability like the random values
         if like is not None:
             value = like.input[0]
         return float(constants[value].reshape(-1)[0]) if value in constants else None
-
-    def made_by(value: str, op_type: str) -> onnx.NodeProto | None:
-        node = producer.get(value)
-        return node if node is not None and node.op_type == op_type else None
 
     def uniform(value: str) -> bool:
         node = producer.get(value)
