@@ -130,9 +130,9 @@ def test_the_recognised_product_becomes_identity():
     assert list(result.model.graph.node[0].input) == ["x"]
 
 
-@pytest.mark.parametrize("low,keep_in_less,keep_in_div", [(-1.0, 0.8, 0.8), (0.0, 0.8, 0.5)])
+@pytest.mark.parametrize("low,keep_in_less,keep_in_div", [(-1.0, 0.8, 0.8), (0.0, 0.8, 0.5), (0.0, 1.5, 1.5)])
 def test_other_random_products_are_left_alone(low, keep_in_less, keep_in_div):
-    """Noise that is not a keep-with-probability-k mask, or a mask divided by another constant, is not stochastic
-    depth: the pass does not guess."""
+    """Noise that is not a keep-with-probability-k mask (U not over [0, 1), k not a probability), or a mask divided
+    by another constant, is not stochastic depth: the pass does not guess."""
     result = EvalMode()(_masked_product(low, keep_in_less, keep_in_div))
     assert not result.modified

@@ -93,16 +93,17 @@ def _drop_paths(graph: onnx.GraphProto) -> dict[int, str]:
         return attrs.get("low", 0.0) == 0.0 and attrs.get("high", 1.0) == 1.0
 
     def keep_of(mask: str) -> float | None:
-        """k when ``mask`` is 1 with probability k and 0 otherwise."""
+        """k when ``mask`` is 1 with probability k (0 < k <= 1) and 0 otherwise."""
         floor, cast = made_by(mask, "Floor"), made_by(mask, "Cast") or made_by(mask, "CastLike")
+        keep = None
         if floor is not None and (add := made_by(floor.input[0], "Add")) is not None:
             for u, k in ((add.input[0], add.input[1]), (add.input[1], add.input[0])):
                 if uniform(u) and scalar(k) is not None:
-                    return scalar(k)
+                    keep = scalar(k)
         if cast is not None and (less := made_by(cast.input[0], "Less")) is not None:
             if uniform(less.input[0]) and scalar(less.input[1]) is not None:
-                return scalar(less.input[1])
-        return None
+                keep = scalar(less.input[1])
+        return keep if keep is not None and 0.0 < keep <= 1.0 else None
 
     def divided_by(value: str, keep: float) -> str | None:
         """v when ``value`` is ``Div(v, keep)``."""
