@@ -99,3 +99,24 @@ def test_torch_export_with_modules_as_functions_matches_torch_gradients(tmp_path
     assert sorted(grads) == sorted(parameters)
     for name, grad in grads.items():
         np.testing.assert_allclose(grad, parameters[name].grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_a_function_written_for_another_opset_is_converted_to_the_models():
+    """A body at opset 17 (ReduceMean's axes attribute) in an opset-18 model (axes an input): onnx's inliner leaves
+    such a call in place unless asked to convert (and onnxruntime refuses the model as it is); inlined and
+    converted, it computes the function's result."""
+    center = h.make_function("my.layers", "Center", ["x"], ["y"],
+                             [h.make_node("ReduceMean", ["x"], ["m"], axes=[1], keepdims=1),
+                              h.make_node("Sub", ["x", "m"], ["y"])], [h.make_opsetid("", 17)])
+    nodes = [h.make_node("MatMul", ["x", "w"], ["a"]), h.make_node("Center", ["a"], ["y"], domain="my.layers")]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+                         [onnx.numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(3, 2), "w")])
+    model = h.make_model(graph, functions=[center],
+                         opset_imports=[h.make_opsetid("", 18), h.make_opsetid("my.layers", 1)])
+    result = InlineLocalFunctions()(model)
+    assert {n.domain for n in result.model.graph.node} == {""} and not result.model.functions
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    got = onnxruntime.InferenceSession(result.model.SerializeToString()).run(None, {"x": x})[0]
+    a = x @ np.arange(6, dtype=np.float32).reshape(3, 2)
+    np.testing.assert_allclose(got, a - a.mean(axis=1, keepdims=True), rtol=1e-5, atol=1e-5)
