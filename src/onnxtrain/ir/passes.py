@@ -12,10 +12,10 @@ import onnx
 from google.protobuf.message import Message
 from onnx import helper, numpy_helper
 
-__all__ = ["declare_as_inputs", "prune_nodes", "constant_values", "used_names", "implicit_inputs", "node_inputs",
-           "has_subgraphs", "ancestors", "producer_index", "reader_index", "fresh_name", "rename_values",
-           "default_opset", "portable_ir_version", "clone", "clone_without", "NodeIndex", "node_index",
-           "shared_node_indices", "share_derived_index"]
+__all__ = ["declare_as_inputs", "prune_nodes", "drop_unread_initializers", "constant_values", "used_names",
+           "implicit_inputs", "node_inputs", "has_subgraphs", "ancestors", "producer_index", "reader_index",
+           "fresh_name", "rename_values", "default_opset", "portable_ir_version", "clone", "clone_without",
+           "NodeIndex", "node_index", "shared_node_indices", "share_derived_index"]
 
 M = TypeVar("M", bound=Message)
 
@@ -65,6 +65,17 @@ def prune_nodes(nodes: Sequence[onnx.NodeProto], outputs: Iterable[str]) -> list
             needed.discard("")
     kept.reverse()
     return kept
+
+
+def drop_unread_initializers(graph: onnx.GraphProto) -> None:
+    """Remove, in place, the initializers of ``graph`` that no node (subgraphs included) reads and no graph output
+    names: a pass that removed nodes leaves their constants behind, and onnxruntime warns about each."""
+    read = {x for node in graph.node for x in node_inputs(node)} | {o.name for o in graph.output}
+    if all(i.name in read for i in graph.initializer):
+        return
+    kept = [i for i in graph.initializer if i.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
 
 
 def constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ import onnx
 from onnx import helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, constant_values, node_inputs, prune_nodes
+from onnxtrain.ir.passes import clone, constant_values, drop_unread_initializers, prune_nodes
 
 __all__ = ["EvalMode"]
 
@@ -59,11 +59,9 @@ class EvalMode(Pass):
         if not modified:
             return PassResult(model, False)
         kept = prune_nodes(list(graph.node), [o.name for o in graph.output])
-        used = {x for n in kept for x in node_inputs(n)}
-        initializers = [i for i in graph.initializer if i.name in used]
-        for field, values in ((graph.node, kept), (graph.initializer, initializers)):
-            del field[:]
-            field.extend(values)
+        del graph.node[:]
+        graph.node.extend(kept)
+        drop_unread_initializers(graph)
         return PassResult(out, True)
 
 

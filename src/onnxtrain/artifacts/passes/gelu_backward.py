@@ -36,6 +36,7 @@ from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import (
     clone,
     constant_values,
+    drop_unread_initializers,
     fresh_name,
     node_inputs,
     producer_index,
@@ -97,11 +98,7 @@ class GeluBackward(Pass):
         nodes = prune_nodes(nodes, [o.name for o in out.graph.output])  # the old backward of each chain
         del out.graph.node[:]
         out.graph.node.extend(nodes)
-        read = {x for node in nodes for x in node_inputs(node)} | {o.name for o in out.graph.output}
-        if any(i.name not in read for i in out.graph.initializer):  # the old backward's constants
-            kept = [i for i in out.graph.initializer if i.name in read]
-            del out.graph.initializer[:]
-            out.graph.initializer.extend(kept)
+        drop_unread_initializers(out.graph)  # the old backward's constants
         return PassResult(out, True)
 
 

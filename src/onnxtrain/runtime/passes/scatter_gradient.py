@@ -29,7 +29,7 @@ from onnx import helper, numpy_helper
 from onnxtrain import conventions as names
 from onnxtrain.errors import PassError
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, node_inputs, prune_nodes
+from onnxtrain.ir.passes import clone, drop_unread_initializers, node_inputs, prune_nodes
 
 __all__ = ["ScatterIntoGradient", "zeroed_before_run"]
 
@@ -91,10 +91,7 @@ class ScatterIntoGradient(Pass):
             if buffer in buffers and buffer not in present:
                 elem, shape = _tensor_type(model, names.grad_output_name(param))
                 result.graph.input.append(helper.make_tensor_value_info(buffer, elem, shape))
-        used = {x for n in nodes for x in node_inputs(n)}
-        kept = [i for i in result.graph.initializer if i.name in used]
-        del result.graph.initializer[:]
-        result.graph.initializer.extend(kept)
+        drop_unread_initializers(result.graph)
         return PassResult(result, True)
 
 
