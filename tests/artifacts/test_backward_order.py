@@ -5,6 +5,7 @@ import os
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxtrain.artifacts import LossType, generate_artifacts
@@ -12,6 +13,7 @@ from onnxtrain.artifacts.passes import BackwardOrder
 from onnxtrain.artifacts.passes.recompute import forward_nodes
 from onnxtrain.conventions import TrainingMeta, grad_output_name
 from onnxtrain.ir.passes import ancestors
+from onnxtrain.ir.types import infer_tensor_info
 from onnxtrain.runtime.passes.specialize_reset import SpecializeReset
 from tests.artifacts.as_built import as_built
 
@@ -52,6 +54,11 @@ def _feeds(model: onnx.ModelProto) -> dict:
             shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
             feeds[i.name] = init[i.name] if i.name in init else np.zeros(shape, np.float32)
     return feeds
+
+
+def _pass(model: onnx.ModelProto, ranks: bool) -> BackwardOrder:
+    """The pass, with the ranks of the values (as generate_artifacts gives them) or without (a Shape per view)."""
+    return BackwardOrder(infos=infer_tensor_info(model) if ranks else None)
 
 
 def _specialized(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -101,17 +108,24 @@ def _masks_and_grads(model: onnx.ModelProto) -> list[tuple[str, str]]:
     return pairs
 
 
-def test_the_gradients_are_the_same(tmp_path):
+@pytest.mark.parametrize("ranks", [False, True])
+def test_the_gradients_are_the_same(tmp_path, ranks):
     model = _training_model(tmp_path)
-    result = BackwardOrder()(model)
+    result = _pass(model, ranks)(model)
     assert result.modified
+    shapes = [n for n in result.model.graph.node if n.op_type == "Shape" and "/waits" in n.name]
+    views = [n for n in result.model.graph.node if n.op_type == "Reshape" and n.name.endswith("/waits")]
+    assert views
+    # with the ranks known, a view keeps its input's dimensions with [0] * rank: no Shape node
+    assert len(shapes) == (0 if ranks else len(views))
     _, before = _execution_order(model, tmp_path, "before")
     _, after = _execution_order(result.model, tmp_path, "after")
     for a, b in zip(before, after):
         np.testing.assert_array_equal(a, b)
 
 
-def test_relu_masks_wait_for_the_gradient_they_mask(tmp_path):
+@pytest.mark.parametrize("ranks", [False, True])
+def test_relu_masks_wait_for_the_gradient_they_mask(tmp_path, ranks):
     """onnxruntime computes a ReLU's mask (it reads only the ReLU's output) during the forward, where it stays
     alive through the backward's start, unless the mask waits for the backward."""
     model = _training_model(tmp_path)
@@ -119,13 +133,14 @@ def test_relu_masks_wait_for_the_gradient_they_mask(tmp_path):
     assert len(pairs) == 3
     order, _ = _execution_order(model, tmp_path, "before")
     assert any(order.index(mask) < order.index(grad) for mask, grad in pairs)  # what the pass is for
-    rewritten = BackwardOrder()(model).model
+    rewritten = _pass(model, ranks)(model).model
     order, _ = _execution_order(rewritten, tmp_path, "after")
     for mask, grad in pairs:
         assert order.index(mask) > order.index(grad), mask
 
 
-def test_each_weight_gradient_is_computed_before_the_backward_moves_on(tmp_path):
+@pytest.mark.parametrize("ranks", [False, True])
+def test_each_weight_gradient_is_computed_before_the_backward_moves_on(tmp_path, ranks):
     """conv3's weight gradient (which reads conv3's dY and input) is computed before conv2's input gradient,
     not after the whole chain of input gradients."""
     model = _training_model(tmp_path)
@@ -142,7 +157,7 @@ def test_each_weight_gradient_is_computed_before_the_backward_moves_on(tmp_path)
     assert len(w2_readers) == 1
     order, _ = _execution_order(model, tmp_path, "before")
     assert order.index(dw3) > order.index(w2_readers[0])
-    rewritten = BackwardOrder()(model).model
+    rewritten = _pass(model, ranks)(model).model
     order, _ = _execution_order(rewritten, tmp_path, "after")
     assert order.index(dw3) < order.index(w2_readers[0])
 

@@ -175,7 +175,7 @@ def generate_artifacts(
         # onnxruntime orders the nodes itself: gradient nodes wait for the backward, weight gradients are
         # computed layer by layer (BackwardOrder, last; docs/memory.md).
         memory = PassManager([GeluBackward(), ShapesInForward(), RecomputeInBackward(infos=graphs.infos),
-                              BackwardOrder()])(
+                              BackwardOrder(infos=graphs.infos)])(
             graphs.training)
         training = memory.model
         # A model imported from .tflite/.circle carries its source file: the training model keeps it, so that the

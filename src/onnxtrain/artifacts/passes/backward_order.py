@@ -12,9 +12,10 @@ in the graph. Two consequences cost memory in a training step:
   every layer's ``dY`` and input stay alive to the end of the backward instead of being freed layer by layer.
 
 This pass adds data dependencies that onnxruntime cannot reorder: a node waits for a value ``a`` by reading one
-of its inputs ``x`` through ``Reshape(x, Shape(x) + 0 * Size(a))`` (the same tensor; onnxruntime's Reshape makes
-no copy), or, if the node is a Reshape itself (onnxruntime merges a Reshape of a Reshape, dropping the view),
-by adding ``0 * Size(a)`` to its shape.
+of its inputs ``x`` through ``Reshape(x, [0] * rank(x) + 0 * Size(a))`` (the same tensor: a 0 copies the input's
+dimension, and onnxruntime's Reshape makes no copy; the shape is shared by every view of that rank waiting for
+``a``), or ``Reshape(x, Shape(x) + 0 * Size(a))`` when x's rank is not known, or, if the node is a Reshape itself
+(onnxruntime merges a Reshape of a Reshape, dropping the view), by adding ``0 * Size(a)`` to its shape.
 
 Terms: the *chain* is every node downstream of the last forward node (in graph order) that a gradient node
 reads (the loss node, or the value a loss's gradient is computed from). A chain node is *main* if two or more
@@ -47,7 +48,7 @@ The nodes are then put back in a topological order that keeps the original order
 from __future__ import annotations
 
 import heapq
-from collections.abc import Set
+from collections.abc import Mapping, Set
 
 import numpy as np
 import onnx
@@ -58,14 +59,13 @@ from onnxtrain.errors import ArtifactError
 from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import (
     NodeIndex,
-    clone,
     clone_without,
     fresh_name,
     has_subgraphs,
     node_index,
-    node_inputs,
     reader_index,
 )
+from onnxtrain.ir.types import TensorInfo
 
 __all__ = ["BackwardOrder"]
 
@@ -82,8 +82,11 @@ class BackwardOrder(Pass):
     """Make onnxruntime run the backward's nodes when the backward needs them (cases in the module's
     docstring)."""
 
-    def __init__(self, loss: str | None = None):
+    def __init__(self, loss: str | None = None, infos: Mapping[str, TensorInfo] | None = None):
         self.loss = loss  # None: the graph's first output
+        # types and shapes of the forward's values (generate_artifacts'): a view of a value of known rank needs
+        # no Shape node
+        self.infos = infos
 
     def call(self, model: onnx.ModelProto) -> PassResult:
         graph = model.graph
@@ -134,14 +137,14 @@ class BackwardOrder(Pass):
         last = {k: 2 * len(nodes) - k for k in writers}
         if not waits and not writers:
             return PassResult(model, False)
-        return PassResult(_with_waits(model, waits, constants, last, index), True)
+        return PassResult(_with_waits(model, waits, constants, last, index, self.infos or {}), True)
 
 
 def _with_waits(model: onnx.ModelProto, waits: dict[int, list[str]], constants: set[str], keys: dict[int, int],
-                index: NodeIndex) -> onnx.ModelProto:
+                index: NodeIndex, infos: Mapping[str, TensorInfo]) -> onnx.ModelProto:
     """A copy of ``model`` in which node k cannot run before the values ``waits[k]`` exist, in a topological order
     that keeps the original one (or ``keys[k]`` instead of node k's position) wherever it can; ``index`` is
-    ``model``'s."""
+    ``model``'s, ``infos`` give the rank of some values."""
     nodes, producer = index.nodes, index.producer
     out = clone_without(model, "node")  # the nodes are copied once, into their new order
     graph = out.graph
@@ -151,11 +154,15 @@ def _with_waits(model: onnx.ModelProto, waits: dict[int, list[str]], constants: 
     taken.discard("")
     zero = fresh_name("backward_order/zero", taken)
     graph.initializer.append(numpy_helper.from_array(np.array(0, np.int64), zero))
-    added: list[tuple[int, onnx.NodeProto]] = []
+    # the new nodes as (op_type, inputs, output): they are made in the graph itself, in their final order (a
+    # standalone NodeProto costs as much again to copy into the graph and to free)
+    added: list[tuple[int, str, list[str], str]] = []
     nothing: dict[str, str] = {}  # value -> 0 * Size(value), built once per value
+    zeros: dict[int, str] = {}  # rank -> the int64 initializer [0] * rank
+    same_dims: dict[tuple[str, int], str] = {}  # (value, rank) -> [0] * rank, computed after value
 
     def emit(k: int, op_type: str, inputs: list[str], output: str) -> None:
-        added.append((k, onnx.NodeProto(op_type=op_type, input=inputs, output=[output], name=output)))
+        added.append((k, op_type, inputs, output))
 
     def zero_after(k: int, value: str) -> str:
         if value not in nothing:
@@ -165,35 +172,72 @@ def _with_waits(model: onnx.ModelProto, waits: dict[int, list[str]], constants: 
             nothing[value] = product
         return nothing[value]
 
-    nodes = list(nodes)
+    def same_dims_after(k: int, value: str, rank: int) -> str:
+        """A shape that keeps every dimension of a tensor of ``rank`` (Reshape copies a 0 from its input)."""
+        if rank not in zeros:
+            zeros[rank] = fresh_name(f"backward_order/zeros_{rank}", taken)
+            graph.initializer.append(numpy_helper.from_array(np.zeros(rank, np.int64), zeros[rank]))
+        if (value, rank) not in same_dims:
+            shape = fresh_name(f"{value}/same_dims_after", taken)
+            emit(k, "Add", [zeros[rank], zero_after(k, value)], shape)
+            same_dims[(value, rank)] = shape
+        return same_dims[(value, rank)]
+
+    def rank(x: str) -> int | None:
+        info = infos.get(x)
+        return info.rank if info is not None else None
+
     reads = list(index.reads)
+    rewired: dict[int, tuple[int, str]] = {}  # node -> (the input it reads through a view, that view)
     for k, values in waits.items():
-        node = nodes[k] = clone(nodes[k])
+        node = nodes[k]
         name = node.name or node.output[0]
-        j = 1 if node.op_type == "Reshape" else next(j for j, x in enumerate(node.input) if x and x not in constants)
-        x = node.input[j]
         if node.op_type == "Reshape":
-            total = x
+            j, total = 1, node.input[1]
+            for value in values:
+                after = fresh_name(f"{name}{SUFFIX}_after", taken)
+                emit(k, "Add", [total, zero_after(k, value)], after)
+                total = after
         else:
-            total = fresh_name(f"{name}{SUFFIX}_shape", taken)
-            emit(k, "Shape", [x], total)
-        for value in values:
-            after = fresh_name(f"{name}{SUFFIX}_after", taken)
-            emit(k, "Add", [total, zero_after(k, value)], after)
-            total = after
-        if node.op_type != "Reshape":
+            # a view of an input: Reshape(x, [0] * rank) if x's rank is known, else Reshape(x, Shape(x)); the
+            # shape is computed after the values waited for
+            variable = [j for j, x in enumerate(node.input) if x and x not in constants]
+            j = next((j for j in variable if rank(node.input[j]) is not None), variable[0])
+            x = node.input[j]
+            r = rank(x)
+            if r is not None:
+                total = same_dims_after(k, values[0], r)
+                rest = values[1:]
+            else:
+                total = fresh_name(f"{name}{SUFFIX}_shape", taken)
+                emit(k, "Shape", [x], total)
+                rest = values
+            for value in rest:
+                after = fresh_name(f"{name}{SUFFIX}_after", taken)
+                emit(k, "Add", [total, zero_after(k, value)], after)
+                total = after
             view = fresh_name(f"{name}{SUFFIX}", taken)
             emit(k, "Reshape", [x, total], view)
             total = view
-        node.input[j] = total
-        reads[k] = node_inputs(node)
+        rewired[k] = (j, total)
+        reads[k] = [total if i == j else y for i, y in enumerate(reads[k])]
     n = len(nodes)
     # a node made for node k sorts right before it (none is a writer that ``keys`` moves)
-    order = _stable_topological([keys.get(k, k) for k in range(n)] + [k - 0.5 for k, _ in added],
-                                reads + [list(a.input) for _, a in added],
-                                {**producer, **{a.output[0]: n + j for j, (_, a) in enumerate(added)}})
-    items = nodes + [a for _, a in added]
-    graph.node.extend(items[i] for i in order)
+    order = _stable_topological([keys.get(k, k) for k in range(n)] + [k - 0.5 for k, *_ in added],
+                                reads + [inputs for _, _, inputs, _ in added],
+                                {**producer, **{a[3]: n + j for j, a in enumerate(added)}})
+    out_nodes = graph.node
+    for i in order:
+        if i >= n:
+            _, op_type, inputs, output = added[i - n]
+            out_nodes.add(op_type=op_type, input=inputs, output=[output], name=output)
+        elif i in rewired:
+            copy = out_nodes.add()
+            copy.CopyFrom(nodes[i])
+            j, view = rewired[i]
+            copy.input[j] = view
+        else:
+            out_nodes.append(nodes[i])
     return out
 
 
