@@ -324,24 +324,31 @@ def _first_chain_reader(nodes: list[onnx.NodeProto], readers: dict[str, list[int
 def _stable_topological(keys: list[float], reads: list[list[str]], producer: dict[str, int]) -> list[int]:
     """The items (``reads[i]``: the inputs of item i, ``producer``: value -> the item computing it) in the
     topological order that takes the item of smallest key (then position) whenever several are ready."""
-    missing = [0] * len(keys)  # inputs (each counted once) whose producer is not placed yet
-    readers: list[list[int]] = [[] for _ in keys]
+    n = len(keys)
+    by_key = sorted(range(n), key=keys.__getitem__)  # stable: equal keys keep their positions' order
+    rank = [0] * n
+    for r, i in enumerate(by_key):
+        rank[i] = r
+    missing = [0] * n  # inputs (each counted once) whose producer is not placed yet
+    readers: list[list[int]] = [[] for _ in range(n)]
+    get = producer.get
     for i, xs in enumerate(reads):
-        for x in set(xs):
-            p = producer.get(x)
+        for x in (xs if len(xs) < 2 else dict.fromkeys(xs)):
+            p = get(x)
             if p is not None:
                 readers[p].append(i)
                 missing[i] += 1
-    ready = [(key, i) for i, key in enumerate(keys) if not missing[i]]
+    ready = [rank[i] for i in range(n) if not missing[i]]  # the heap holds ranks: int comparisons only
     heapq.heapify(ready)
     ordered = []
+    pop, push = heapq.heappop, heapq.heappush
     while ready:
-        _, i = heapq.heappop(ready)
+        i = by_key[pop(ready)]
         ordered.append(i)
         for r in readers[i]:
             missing[r] -= 1
             if not missing[r]:
-                heapq.heappush(ready, (keys[r], r))
-    if len(ordered) != len(keys):
-        raise ValueError(f"{len(keys) - len(ordered)} nodes are in a cycle after adding the backward's waits")
+                push(ready, rank[r])
+    if len(ordered) != n:
+        raise ValueError(f"{n - len(ordered)} nodes are in a cycle after adding the backward's waits")
     return ordered
