@@ -71,3 +71,28 @@ def test_torch_buffers_and_constants_of_a_dynamo_export_are_not_trained_by_defau
     assert sorted(plan.trainable) == ["fc.bias", "fc.weight"]
     assert sorted(plan_parameters(model.graph, weights, ["fc.*", "scale"], None).trainable) == [
         "fc.bias", "fc.weight", "scale"]   # listed, a buffer trains
+
+
+def _weights_as_inputs() -> onnx.ModelProto:
+    """y = x W + b with W and b graph inputs without values, as torch.onnx.export(export_params=False) writes."""
+    nodes = [helper.make_node("MatMul", ["x", "fc.weight"], ["h"]), helper.make_node("Add", ["h", "fc.bias"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, ["N", 4]),
+                                           helper.make_tensor_value_info("fc.weight", 1, [4, 3]),
+                                           helper.make_tensor_value_info("fc.bias", 1, [3])],
+                              [helper.make_tensor_value_info("y", 1, ["N", 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_weight_exported_as_an_input_is_named_as_such():
+    graph = _weights_as_inputs().graph
+    with pytest.raises(ValueError, match=r"'fc.weight' is an input of the model, not an initializer.*export_params"):
+        plan_parameters(graph, {}, ["fc.weight"], None)
+
+
+def test_a_model_without_weights_says_why_nothing_trains(tmp_path, caplog):
+    from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
+
+    generate_artifacts(_weights_as_inputs(), loss=LossType.MSELoss, optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path)
+    assert "no parameter trains" in caplog.text
+    assert "the model has no initializers but 3 inputs" in caplog.text and "export_params" in caplog.text

@@ -14,7 +14,7 @@ from onnxtrain.artifacts.foreign import check_loss_inputs
 from onnxtrain.artifacts.graphs import build_graphs
 from onnxtrain.artifacts.lora import apply_lora, finish_lora
 from onnxtrain.artifacts.optimizer import build_optimizer_model
-from onnxtrain.artifacts.params import plan_parameters
+from onnxtrain.artifacts.params import WEIGHTS_AS_INPUTS, plan_parameters
 from onnxtrain.artifacts.passes import BackwardOrder, GeluBackward, RecomputeInBackward, ShapesInForward
 from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
 from onnxtrain.blocks import ops, optim
@@ -150,8 +150,11 @@ def generate_artifacts(
         plan = plan_parameters(source.model.graph, source.weights, train, frozen, trainable_ops)
         if not plan.trainable and opt_block is not None and lora is None:
             chosen = f"trainable_ops={trainable_ops}" if trainable_ops >= 0 else f"requires_grad={train!r}"
+            weightless = (f"; the model has no initializers but {len(source.model.graph.input)} inputs: "
+                          f"{WEIGHTS_AS_INPUTS}" if not source.weights and len(source.model.graph.input) > 1 else "")
             logger.warning("no parameter trains (%s selects none): the optimizer model will update nothing; "
-                           "name the parameters to train in requires_grad, or raise trainable_ops", chosen)
+                           "name the parameters to train in requires_grad, or raise trainable_ops%s", chosen,
+                           weightless)
         # Each file is written on the writer's threads as soon as it is final: the checkpoint while the graphs
         # are built, the eval and optimizer models while the training graph goes through its passes.
         data = _checkpoint_data(source.weights, plan)

@@ -42,9 +42,14 @@ def running_statistics(graph: onnx.GraphProto) -> set[str]:
     return {x for node in graph.node if node.op_type == "BatchNormalization" for x in node.input[3:5] if x}
 
 
-def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str, strict: bool = True) -> list[str]:
+WEIGHTS_AS_INPUTS = ("torch.onnx.export(..., export_params=False) writes the weights as graph inputs without "
+                     "values; export the model with its weights (export_params=True, the default)")
+
+
+def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str, strict: bool = True,
+            graph_inputs: frozenset[str] = frozenset()) -> list[str]:
     """Resolve names and shell-style globs against ``candidates``; unknown names are an error (``strict``) or
-    are skipped with a warning."""
+    are skipped with a warning. ``graph_inputs``: the model's inputs, named in the error."""
     if names is None:
         return []
     if isinstance(names, str):
@@ -59,6 +64,9 @@ def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str, s
         if not hits and not strict:
             skipped.append(name)
             continue
+        if not hits and name in graph_inputs:
+            raise ValueError(f"{what}: {name!r} is an input of the model, not an initializer: it has no value to "
+                             f"train from" + (f" ({WEIGHTS_AS_INPUTS})" if not candidates else ""))
         if not hits:
             close = [c for c in candidates if name.split(".")[-1] in c][:5]
             raise ValueError(f"{what}: {name!r} is not an initializer of the model"
@@ -86,7 +94,7 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
     """
     names = list(weights)
     float_names = [n for n in names if onnx.helper.np_dtype_to_tensor_dtype(weights[n].dtype) in FLOAT_TYPES]
-    trainable = _expand(requires_grad, names, "requires_grad")
+    trainable = _expand(requires_grad, names, "requires_grad", graph_inputs=frozenset(i.name for i in graph.input))
     # Nothing to freeze is harmless: exporters turn torch buffers (named_buffers(), which users list here) into
     # constants, and the peer ignores such names.
     frozen = _expand(frozen_params, names, "frozen_params", strict=False)
