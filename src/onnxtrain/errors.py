@@ -10,6 +10,7 @@ __all__ = [
     "ExecutionError",
     "PassError",
     "LoRAError",
+    "UnknownShapeError",
 ]
 
 
@@ -50,3 +51,8 @@ class PassError(OnnxTrainError, RuntimeError):
 class LoRAError(OnnxTrainError, ValueError):
     """A LoRA configuration or adapter file does not fit the model: a target that matches no weight, initial
     values of the wrong shape, an adapter feature onnxtrain does not reproduce, a model without adapters."""
+
+
+class UnknownShapeError(OnnxTrainError, ValueError):
+    """A gradient rule needs the rank or shape of a value that ONNX shape inference could not infer (typically
+    because a model input has no shape)."""

@@ -96,3 +96,19 @@ def test_a_model_without_weights_says_why_nothing_trains(tmp_path, caplog):
                        artifact_directory=tmp_path)
     assert "no parameter trains" in caplog.text
     assert "the model has no initializers but 3 inputs" in caplog.text and "export_params" in caplog.text
+
+
+def test_an_input_without_shape_is_named_with_how_to_give_it_one(tmp_path):
+    from onnxtrain.artifacts import LossType, generate_artifacts
+    from onnxtrain.errors import UnknownShapeError
+
+    w = numpy_helper.from_array(np.ones((3, 2, 3, 3), np.float32), "conv.weight")
+    nodes = [helper.make_node("Conv", ["x", "conv.weight"], ["c"]),
+             helper.make_node("ReduceMean", ["c"], ["y"], keepdims=0, axes=[2, 3])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, None)],
+                              [helper.make_tensor_value_info("y", 1, None)], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(UnknownShapeError, match=r"the model's input 'x' has no shape.*make_tensor_value_info\('x'"):
+        generate_artifacts(model, loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path)
+    model.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", 1, ["N", 3, "H", "W"]))
+    generate_artifacts(model, loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path)  # the advice works

@@ -16,6 +16,7 @@ from onnxtrain.artifacts.passes import DropUnreadIndices, EvalMode, PoolBeforeRe
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.blocks.base import Block, BuildContext
 from onnxtrain.conventions import TrainingMeta
+from onnxtrain.errors import UnknownShapeError
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.pass_infra import PassManager
 from onnxtrain.ir.passes import (
@@ -183,7 +184,16 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     full_names = used_names(full)
     gb = GraphBuilder(default_opset(model), taken=full_names, prefix="grad/")
     wrt = [*plan.trainable, *plan.inputs]
-    grads = build_gradients(forward_nodes, loss_name, wrt, gb, infos, constants=constant_values(full))
+    try:
+        grads = build_gradients(forward_nodes, loss_name, wrt, gb, infos, constants=constant_values(full))
+    except UnknownShapeError as exc:
+        shapeless = [i.name for i in user_inputs if not i.type.tensor_type.HasField("shape")]
+        if not shapeless:
+            raise
+        raise UnknownShapeError(
+            f"{exc}: the model's input {shapeless[0]!r} has no shape, not even a rank; give every input its shape, "
+            f"a name for each dynamic dimension, e.g. model.graph.input[k].CopyFrom(onnx.helper."
+            f"make_tensor_value_info({shapeless[0]!r}, elem_type, ['N', 3, 'H', 'W']))") from exc
     acc = GraphBuilder(default_opset(model), taken=full_names | {n.name for n in gb.nodes} |
                        {o for n in gb.nodes for o in n.output}, prefix="acc/")
     grad_inputs, grad_outputs, accumulation = _accumulate(acc, grads, wrt, infos)

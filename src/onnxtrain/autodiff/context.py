@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnxtrain.errors import UnknownShapeError
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.types import TensorInfo
 
@@ -56,13 +57,13 @@ class GradContext:
     def rank(self, name: str) -> int:
         rank = self.info(name).rank
         if rank is None:
-            raise ValueError(f"the rank of {name!r} (node {self.node.name!r}, {self.node.op_type}) is unknown")
+            raise UnknownShapeError(f"the rank of {name!r} (node {self.node.name!r}, {self.node.op_type}) is unknown")
         return rank
 
     def shape(self, name: str) -> tuple:
         shape = self.info(name).shape
         if shape is None:
-            raise ValueError(f"the shape of {name!r} (node {self.node.name!r}, {self.node.op_type}) is unknown")
+            raise UnknownShapeError(f"the shape of {name!r} (node {self.node.name!r}, {self.node.op_type}) is unknown")
         return shape
 
     def elem_type(self, name: str) -> int:
