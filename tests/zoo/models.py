@@ -317,6 +317,30 @@ def _pixel_classes(inputs, rng):
     return rng.integers(0, CLASSES, (batch, height // 4, width // 4)).astype(np.int64)
 
 
+def _recurrent(cell: str, **kwargs):
+    """A torch.nn LSTM / GRU / RNN text classifier: embeddings, the recurrence over the sequence (its length known
+    only at run time), the outputs averaged over time, a linear head."""
+
+    def build():
+        import torch
+
+        class Classifier(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = torch.nn.Embedding(VOCAB, 16)
+                self.rnn = getattr(torch.nn, cell)(16, 16, batch_first=True, **kwargs)
+                width = 32 if kwargs.get("bidirectional") else 16
+                self.head = torch.nn.Linear(width, CLASSES)
+
+            def forward(self, ids):
+                out, _ = self.rnn(self.embed(ids))
+                return self.head(out.mean(1))
+
+        return Classifier()
+
+    return build
+
+
 def _vision(name, package, build, sizes=(64, 96), quick=(), axes=IMAGE_AXES):
     return Spec(name, package, build, _image, _classes, sizes if axes else (sizes[0], None), axes, quick=quick)
 
@@ -435,4 +459,10 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     _vision("lcnet_050", "timm", _timm("lcnet_050")),
     # parallel resolutions joined by strided convolutions and nearest upsampling
     _vision("hrnet_w18_small", "timm", _timm("hrnet_w18_small")),
+    # torch.nn recurrences with a sequence length known only at run time (each direction is a Scan)
+    Spec("lstm_bidirectional", "torch", _recurrent("LSTM", num_layers=2, bidirectional=True), _tokens, _classes,
+         (8, 12), SEQUENCE_AXES, batches=(2, 3)),
+    Spec("gru", "torch", _recurrent("GRU", num_layers=2), _tokens, _classes, (8, 12), SEQUENCE_AXES, batches=(2, 3)),
+    Spec("rnn_relu", "torch", _recurrent("RNN", nonlinearity="relu"), _tokens, _classes, (8, 12), SEQUENCE_AXES,
+         batches=(2, 3)),
 ]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -27,9 +28,11 @@ from onnxtrain.ir.passes import (
     rename_values,
     used_names,
 )
-from onnxtrain.ir.types import TensorInfo, infer_tensor_info, value_info
+from onnxtrain.ir.types import TensorInfo, infer_from_inputs, infer_tensor_info, redeclare, value_info
 
 __all__ = ["TrainingGraphs", "build_graphs"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -162,7 +165,11 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     fwd = _forward_graph(graph, weights, state)
     user_inputs = [i for i in fwd.input if i.name not in weights]
     state_inputs = [i for i in fwd.input if i.name in weights]
-    infos = infer_tensor_info(_model(model, fwd, {}))
+    infos, corrected = infer_from_inputs(_model(model, fwd, {}))
+    if corrected:
+        logger.info("%d value infos of the model declare a static size where the inputs give a dynamic one (e.g. "
+                    "%r): the dynamic one is used", len(corrected), next(iter(corrected)))
+        redeclare(fwd, corrected)
 
     output_names = [o.name for o in graph.output]
     loss_inputs = list(loss_input_names or (output_names if all_outputs_to_loss else output_names[:1]))

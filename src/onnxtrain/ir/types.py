@@ -8,7 +8,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-__all__ = ["TensorInfo", "value_info", "infer_tensor_info", "np_dtype", "onnx_dtype", "FLOAT_TYPES"]
+__all__ = ["TensorInfo", "value_info", "infer_tensor_info", "infer_from_inputs", "redeclare", "np_dtype",
+           "onnx_dtype", "FLOAT_TYPES"]
 
 FLOAT_TYPES = frozenset(
     {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
@@ -79,3 +80,67 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
         if info is not None and (vi.name not in infos or infos[vi.name].shape is None):
             infos[vi.name] = info
     return infos
+
+
+def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], dict[str, TensorInfo]]:
+    """Shape inference from the graph's inputs and initializers, the model's declared value infos filling in only
+    what it cannot tell; returns the infos and the declarations it contradicts, corrected.
+
+    A declaration is not evidence: torch's dynamo exporter declares some values with the sizes of its example
+    inputs (a recurrent layer's output over a dynamic sequence, for one), and a gradient rule that took such a
+    size for static would silently compute the wrong gradient at any other size. Where inference finds one of
+    the inputs' dynamic dimensions (or another size) and the declaration has a static size, the inferred
+    dimension wins. Where inference finds nothing (a dimension it cannot compute), the declaration is kept; if
+    inference from the inputs alone leaves the rank of a node's output unknown, it runs again with the
+    (corrected) declarations, which it then builds on, as ``infer_tensor_info`` does.
+    """
+    graph = model.graph
+    if not graph.value_info:
+        return infer_tensor_info(model), {}
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    del bare.graph.value_info[:]
+    inferred = infer_tensor_info(bare)
+    symbols = {d.dim_param for i in graph.input if i.type.HasField("tensor_type")
+               for d in i.type.tensor_type.shape.dim if d.dim_param}
+    infos, corrected = dict(inferred), {}
+    for vi in graph.value_info:
+        declared = _info_from_type(vi.type)
+        if declared is None:
+            continue
+        merged, contradicted = _merge(inferred.get(vi.name), declared, symbols)
+        infos[vi.name] = merged
+        if contradicted:
+            corrected[vi.name] = merged
+    if all(o in infos and infos[o].rank is not None for n in graph.node for o in n.output if o):
+        return infos, corrected
+    declared = onnx.ModelProto()
+    declared.CopyFrom(model)
+    redeclare(declared.graph, corrected)
+    return infer_tensor_info(declared), corrected
+
+
+def redeclare(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> None:
+    """Replace, in place, the value infos of ``graph`` named in ``infos`` by theirs."""
+    for k, vi in enumerate(graph.value_info):
+        if vi.name in infos:
+            graph.value_info[k].CopyFrom(value_info(vi.name, infos[vi.name]))
+
+
+def _merge(derived: TensorInfo | None, declared: TensorInfo, symbols: set[str]) -> tuple[TensorInfo, bool]:
+    """(the info of one value from its derived and declared infos, whether the declaration is contradicted)."""
+    if derived is None or derived.shape is None:
+        return declared, False
+    elem_type = derived.elem_type or declared.elem_type
+    if declared.shape is None:
+        return TensorInfo(elem_type, derived.shape), False
+    if len(declared.shape) != len(derived.shape):
+        return TensorInfo(elem_type, derived.shape), True
+    dims, contradicted = [], False
+    for found, said in zip(derived.shape, declared.shape):
+        if isinstance(found, int) or (isinstance(found, str) and found in symbols):
+            contradicted |= isinstance(said, int) and said != found
+            dims.append(found)
+        else:  # inference could not tell (None, or a symbol it made up): the declaration's
+            dims.append(said if said is not None else found)
+    return TensorInfo(elem_type, tuple(dims)), contradicted

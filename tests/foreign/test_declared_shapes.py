@@ -1,0 +1,72 @@
+"""Value infos that declare a static size where the model's inputs give a dynamic one (torch's dynamo exporter
+declares a recurrent layer's output over a dynamic sequence with the example input's length): the gradient
+must follow the inputs, not the declaration."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxtrain.artifacts import LossType, generate_artifacts
+from onnxtrain.conventions import grad_output_name
+from onnxtrain.ir.types import TensorInfo, infer_from_inputs
+
+
+def _model(declared_length: int = 8) -> onnx.ModelProto:
+    """y = mean over the sequence of x * w, with h = x * w declared (N, 8, 4) though x is (N, T, 4)."""
+    nodes = [helper.make_node("Mul", ["x", "w"], ["h"]),
+             helper.make_node("ReduceMean", ["h"], ["y"], axes=[1], keepdims=0)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        initializer=[numpy_helper.from_array(np.array([0.5, -1.0, 2.0, 1.5], np.float32), "w")],
+        value_info=[helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", declared_length, 4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_inference_keeps_the_inputs_dynamic_dimension_over_a_declared_size():
+    infos, corrected = infer_from_inputs(_model())
+    assert infos["h"] == TensorInfo(TensorProto.FLOAT, ("N", "T", 4))
+    assert corrected == {"h": infos["h"]}
+
+
+def test_a_declaration_inference_cannot_contradict_is_kept():
+    model = _model()
+    model.graph.value_info.append(helper.make_tensor_value_info("unknown", TensorProto.FLOAT, [3]))
+    infos, corrected = infer_from_inputs(model)
+    assert infos["unknown"].shape == (3,) and "unknown" not in corrected
+
+
+def test_the_gradient_follows_the_sequence_length_of_the_inputs(tmp_path):
+    paths = generate_artifacts(_model(), requires_grad=["w"], loss=LossType.MSELoss, artifact_directory=tmp_path)
+    training = onnx.load(paths["training"])
+    assert [d.dim_param or d.dim_value for vi in training.graph.value_info if vi.name == "h"
+            for d in vi.type.tensor_type.shape.dim] in ([], ["N", "T", 4])
+    session = ort.InferenceSession(paths["training"], providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    w = np.array([0.5, -1.0, 2.0, 1.5], np.float32)
+    for length in (8, 12):
+        x = rng.standard_normal((3, length, 4)).astype(np.float32)
+        labels = rng.standard_normal((3, 4)).astype(np.float32)
+        given = {"x": x, "w": w, "lazy_reset_grad": np.array(True)}
+        feeds = {i.name: given.get(i.name, labels if i.name == "target" else np.zeros(4, np.float32))
+                 for i in session.get_inputs()}  # the rest: the accumulated gradient
+        outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+        y = (x * w).mean(axis=1)
+        expected = (2 * (y - labels) / y.size * x.mean(axis=1)).sum(axis=0)
+        np.testing.assert_allclose(outputs[grad_output_name("w")], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_what_only_the_declarations_lead_to_is_still_inferred():
+    """r = Relu(Reshape(x, s)) with s a run-time input: only h's declaration gives r a rank."""
+    nodes = [helper.make_node("Reshape", ["x", "s"], ["h"]), helper.make_node("Relu", ["h"], ["r"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6]),
+                     helper.make_tensor_value_info("s", TensorProto.INT64, [None])],
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)],
+        value_info=[helper.make_tensor_value_info("h", TensorProto.FLOAT, ["N", 2, 3])])
+    infos, corrected = infer_from_inputs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert infos["h"].shape == ("N", 2, 3) and infos["r"].rank == 3
+    assert corrected == {}
