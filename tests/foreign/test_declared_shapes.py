@@ -70,3 +70,24 @@ def test_what_only_the_declarations_lead_to_is_still_inferred():
     infos, corrected = infer_from_inputs(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     assert infos["h"].shape == ("N", 2, 3) and infos["r"].rank == 3
     assert corrected == {}
+
+
+def test_a_static_output_declaration_does_not_fix_the_batch(tmp_path):
+    """An export given dynamic axes for its inputs only can declare its outputs with the example's batch."""
+    model = _model()
+    del model.graph.value_info[:]
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4]))
+    paths = generate_artifacts(model, requires_grad=["w"], loss=LossType.MSELoss, artifact_directory=tmp_path)
+    from onnxtrain.api import CheckpointState, Module
+
+    state = CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = Module(paths["training"], state, paths["eval"])
+    rng = np.random.default_rng(1)
+    x, labels = rng.standard_normal((5, 3, 4)).astype(np.float32), rng.standard_normal((5, 4)).astype(np.float32)
+    module(x, labels)
+    y = (x * state.parameters["w"].data).mean(axis=1)
+    expected = (2 * (y - labels) / y.size * x.mean(axis=1)).sum(axis=0)
+    np.testing.assert_allclose(state.parameters["w"].grad, expected, rtol=1e-5, atol=1e-6)
+    module.export_model_for_inferencing(str(tmp_path / "inference.onnx"), ["y"])
+    exported = onnx.load(str(tmp_path / "inference.onnx"))
+    assert [d.dim_param or d.dim_value for d in exported.graph.output[0].type.tensor_type.shape.dim] == ["N", 4]

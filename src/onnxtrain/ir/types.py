@@ -83,28 +83,32 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
 
 
 def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], dict[str, TensorInfo]]:
-    """Shape inference from the graph's inputs and initializers, the model's declared value infos filling in only
-    what it cannot tell; returns the infos and the declarations it contradicts, corrected.
+    """Shape inference from the graph's inputs and initializers, the model's declared shapes (value infos and
+    outputs) filling in only what it cannot tell; returns the infos and the declarations it contradicts, corrected.
 
     A declaration is not evidence: torch's dynamo exporter declares some values with the sizes of its example
-    inputs (a recurrent layer's output over a dynamic sequence, for one), and a gradient rule that took such a
-    size for static would silently compute the wrong gradient at any other size. Where inference finds one of
-    the inputs' dynamic dimensions (or another size) and the declaration has a static size, the inferred
-    dimension wins. Where inference finds nothing (a dimension it cannot compute), the declaration is kept; if
-    inference from the inputs alone leaves the rank of a node's output unknown, it runs again with the
-    (corrected) declarations, which it then builds on, as ``infer_tensor_info`` does.
+    inputs (a recurrent layer's output over a dynamic sequence, for one), an export given dynamic axes for its
+    inputs only may declare static outputs, and a gradient rule that took such a size for static would silently
+    compute the wrong gradient at any other size. Where inference finds one of the inputs' dynamic dimensions
+    (or another size) and the declaration has a static size, the inferred dimension wins. Where inference finds
+    nothing (a dimension it cannot compute), the declaration is kept; if inference from the inputs alone leaves
+    the rank of a node's output unknown, it runs again with the (corrected) declarations, which it then builds
+    on, as ``infer_tensor_info`` does.
     """
     graph = model.graph
-    if not graph.value_info:
+    declares = [vi for vi in [*graph.value_info, *graph.output] if vi.type.tensor_type.HasField("shape")]
+    if not declares:
         return infer_tensor_info(model), {}
     bare = onnx.ModelProto()
     bare.CopyFrom(model)
     del bare.graph.value_info[:]
+    for output in bare.graph.output:
+        output.type.tensor_type.ClearField("shape")
     inferred = infer_tensor_info(bare)
     symbols = {d.dim_param for i in graph.input if i.type.HasField("tensor_type")
                for d in i.type.tensor_type.shape.dim if d.dim_param}
     infos, corrected = dict(inferred), {}
-    for vi in graph.value_info:
+    for vi in declares:
         declared = _info_from_type(vi.type)
         if declared is None:
             continue
@@ -121,10 +125,11 @@ def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], di
 
 
 def redeclare(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> None:
-    """Replace, in place, the value infos of ``graph`` named in ``infos`` by theirs."""
-    for k, vi in enumerate(graph.value_info):
-        if vi.name in infos:
-            graph.value_info[k].CopyFrom(value_info(vi.name, infos[vi.name]))
+    """Replace, in place, the value infos and outputs of ``graph`` named in ``infos`` by theirs."""
+    for declared in (graph.value_info, graph.output):
+        for k, vi in enumerate(declared):
+            if vi.name in infos:
+                declared[k].CopyFrom(value_info(vi.name, infos[vi.name]))
 
 
 def _merge(derived: TensorInfo | None, declared: TensorInfo, symbols: set[str]) -> tuple[TensorInfo, bool]:
