@@ -112,3 +112,48 @@ def test_an_input_without_shape_is_named_with_how_to_give_it_one(tmp_path):
         generate_artifacts(model, loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path)
     model.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", 1, ["N", 3, "H", "W"]))
     generate_artifacts(model, loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path)  # the advice works
+
+
+def _quantized(weight_dtype) -> onnx.ModelProto:
+    """y = Dequantize(Quantize(x W1)) W2: a float W1 before a quantizing op and W2 after it, or an int8 W2
+    dequantized (QDQ) when ``weight_dtype`` is int8. Scales and zero points are initializers."""
+    w1 = numpy_helper.from_array(np.full((4, 4), 0.1, np.float32), "w1")
+    w2 = numpy_helper.from_array(np.ones((4, 3), weight_dtype), "w2")
+    scale = numpy_helper.from_array(np.array(0.05, np.float32), "scale")
+    zero = numpy_helper.from_array(np.array(0, np.uint8), "zero")
+    w2_zero = numpy_helper.from_array(np.array(0, np.int8), "w2_zero")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("QuantizeLinear", ["h", "scale", "zero"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["d"])]
+    if weight_dtype == np.int8:
+        nodes.append(helper.make_node("DequantizeLinear", ["w2", "scale", "w2_zero"], ["w2_float"]))
+        nodes.append(helper.make_node("MatMul", ["d", "w2_float"], ["y"]))
+    else:
+        nodes.append(helper.make_node("MatMul", ["d", "w2"], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, ["N", 4])],
+                              [helper.make_tensor_value_info("y", 1, ["N", 3])],
+                              initializer=[w1, w2, scale, zero, w2_zero])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_quantization_scales_are_not_trained_by_default():
+    graph = _quantized(np.float32).graph
+    weights = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    assert plan_parameters(graph, weights, None, None).trainable == ["w1", "w2"]
+
+
+def test_a_parameter_before_a_quantizing_op_is_named(tmp_path, caplog):
+    from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
+
+    generate_artifacts(_quantized(np.float32), loss=LossType.MSELoss, optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path)
+    assert "1 trainable parameters (e.g. 'w1') are read by a quantizing op (QuantizeLinear)" in caplog.text
+
+
+def test_a_quantized_model_says_why_nothing_trains(tmp_path, caplog):
+    from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
+
+    generate_artifacts(_quantized(np.int8), loss=LossType.MSELoss, optimizer=OptimType.AdamW,
+                       requires_grad=[], artifact_directory=tmp_path)
+    assert "no parameter trains" in caplog.text
+    assert "the model is quantized (DequantizeLinear, QuantizeLinear): train the float model" in caplog.text

@@ -14,7 +14,14 @@ from onnxtrain.artifacts.foreign import check_loss_inputs
 from onnxtrain.artifacts.graphs import build_graphs
 from onnxtrain.artifacts.lora import apply_lora, finish_lora
 from onnxtrain.artifacts.optimizer import build_optimizer_model
-from onnxtrain.artifacts.params import WEIGHTS_AS_INPUTS, plan_parameters
+from onnxtrain.artifacts.params import (
+    QUANTIZED_ADVICE,
+    QUANTIZED_OPS,
+    QUANTIZING_OPS,
+    WEIGHTS_AS_INPUTS,
+    plan_parameters,
+    quantized_away,
+)
 from onnxtrain.artifacts.passes import BackwardOrder, GeluBackward, RecomputeInBackward, ShapesInForward
 from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
 from onnxtrain.blocks import ops, optim
@@ -148,13 +155,19 @@ def generate_artifacts(
         train, frozen, lora_meta = (apply_lora(source, lora, requires_grad, frozen_params) if lora is not None
                                     else (requires_grad, frozen_params, None))
         plan = plan_parameters(source.model.graph, source.weights, train, frozen, trainable_ops)
+        quantized = sorted({n.op_type for n in source.model.graph.node if n.op_type in QUANTIZED_OPS})
         if not plan.trainable and opt_block is not None and lora is None:
             chosen = f"trainable_ops={trainable_ops}" if trainable_ops >= 0 else f"requires_grad={train!r}"
-            weightless = (f"; the model has no initializers but {len(source.model.graph.input)} inputs: "
-                          f"{WEIGHTS_AS_INPUTS}" if not source.weights and len(source.model.graph.input) > 1 else "")
+            cause = (f"; the model has no initializers but {len(source.model.graph.input)} inputs: "
+                     f"{WEIGHTS_AS_INPUTS}" if not source.weights and len(source.model.graph.input) > 1 else
+                     f"; the model is quantized ({', '.join(quantized)}): {QUANTIZED_ADVICE}" if quantized else "")
             logger.warning("no parameter trains (%s selects none): the optimizer model will update nothing; "
-                           "name the parameters to train in requires_grad, or raise trainable_ops%s", chosen,
-                           weightless)
+                           "name the parameters to train in requires_grad, or raise trainable_ops%s", chosen, cause)
+        away = quantized_away(source.model.graph, plan.trainable)
+        if away:
+            logger.warning("%d trainable parameters (e.g. %r) are read by a quantizing op (%s): no gradient flows "
+                           "through its integer output, so they learn only from paths around it; %s", len(away),
+                           away[0], ", ".join(sorted(QUANTIZING_OPS.intersection(quantized))), QUANTIZED_ADVICE)
         # Each file is written on the writer's threads as soon as it is final: the checkpoint while the graphs
         # are built, the eval and optimizer models while the training graph goes through its passes.
         data = _checkpoint_data(source.weights, plan)

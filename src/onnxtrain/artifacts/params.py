@@ -110,8 +110,9 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
     if requires_grad is None:
         statistics = running_statistics(graph)
         torch_buffers = exported_buffers(graph)
+        settings = _settings(graph)
         trainable = [n for n in float_names if n not in frozen and n not in buffers and n not in statistics
-                     and weights[n].ndim > 0 and _is_weight_like(graph, n) and not _is_known_buffer(n)
+                     and weights[n].ndim > 0 and _is_weight_like(graph, n, settings) and not _is_known_buffer(n)
                      and n not in torch_buffers]
     if trainable_ops is not None and trainable_ops >= 0:
         if trainable_ops > len(graph.node):
@@ -147,11 +148,51 @@ def _is_known_buffer(name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in KNOWN_BUFFERS)
 
 
-def _is_weight_like(graph: onnx.GraphProto, name: str) -> bool:
-    """Floating initializers used only as shape/scale constants (e.g. Dropout ratio) are not parameters."""
+# The inputs that hold an op's settings, not weights: ratios, bounds, pads and scales of shape ops, and the scales
+# and zero points of quantization (the quantized weights themselves are integers).
+_SETTING_INPUTS: dict[str, tuple[int, ...]] = {
+    "Dropout": (1,), "Clip": (1, 2), "Pad": (2,), "Resize": (1, 2),
+    "QuantizeLinear": (1, 2), "DequantizeLinear": (1, 2), "ConvInteger": (2, 3), "MatMulInteger": (2, 3),
+    "QLinearConv": (1, 2, 4, 5, 6, 7), "QLinearMatMul": (1, 2, 4, 5, 6, 7),
+}
+# ops whose integer outputs are computed from float inputs: no gradient flows through those values
+QUANTIZING_OPS = frozenset({"QuantizeLinear", "DynamicQuantizeLinear"})
+# the ops of a model quantized by onnxruntime.quantization (QDQ, dynamic or QOperator format)
+QUANTIZED_OPS = QUANTIZING_OPS | {"DequantizeLinear", "ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul"}
+QUANTIZED_ADVICE = ("train the float model and quantize it after training (its integer weights cannot train), or "
+                    "freeze what comes before the quantized ops")
+
+
+def _settings(graph: onnx.GraphProto) -> set[str]:
+    """The values read as an op's settings (``_SETTING_INPUTS``) by some node."""
+    found: set[str] = set()
     for node in graph.node:
-        for i, x in enumerate(node.input):
-            if x == name and (node.op_type, i) in {("Dropout", 1), ("Clip", 1), ("Clip", 2), ("Pad", 2),
-                                                   ("Resize", 1), ("Resize", 2)}:
-                return False
-    return True
+        positions = _SETTING_INPUTS.get(node.op_type)
+        if positions:
+            found.update(node.input[i] for i in positions if i < len(node.input) and node.input[i])
+    return found
+
+
+def _is_weight_like(graph: onnx.GraphProto, name: str, settings: set[str]) -> bool:
+    """Floating initializers used only as an op's settings (a Dropout ratio, a quantization scale) are not
+    parameters."""
+    return name not in settings or any(
+        x == name and i not in _SETTING_INPUTS.get(node.op_type, ()) for node in graph.node
+        for i, x in enumerate(node.input))
+
+
+def quantized_away(graph: onnx.GraphProto, trainable: Sequence[str]) -> list[str]:
+    """The ``trainable`` parameters that some quantizing op (``QUANTIZING_OPS``) reads, directly or not: their
+    gradient through the quantized values is zero, whatever the loss."""
+    producer = {o: node for node in graph.node for o in node.output}
+    seen: set[str] = set()
+    stack = [node.input[0] for node in graph.node if node.op_type in QUANTIZING_OPS and node.input]
+    while stack:
+        value = stack.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        node = producer.get(value)
+        if node is not None:
+            stack.extend(x for x in node_inputs(node) if x)
+    return [p for p in trainable if p in seen]

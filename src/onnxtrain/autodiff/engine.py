@@ -154,6 +154,9 @@ def vjp(nodes: list[onnx.NodeProto], seeds: Mapping[str, str], params: Sequence[
         dy = [gradient_of(o) if o else None for o in node.output]
         if all(g is None for g in dy):
             continue
+        inputs = node_inputs(node)
+        if not any(x and x in differentiable_values and _may_be_float(infos, x) for x in inputs):
+            continue  # it reads the parameters only through integers (a quantized value): no gradient flows back
         rule = lookup(node, builder.opset)
         if rule is None:
             raise UnsupportedOpError(
@@ -162,7 +165,6 @@ def vjp(nodes: list[onnx.NodeProto], seeds: Mapping[str, str], params: Sequence[
                 f"function body for it at opset {builder.opset}. Freeze the parameters before it (frozen_params "
                 f"or trainable_ops) or register a rule with onnxtrain.autodiff.register({node.op_type!r})")
         ctx = GradContext(node, dy, builder, infos, constants)
-        inputs = node_inputs(node)
         dxs = list(rule(ctx))
         if any(dx is not None for dx in dxs[len(inputs):]):   # rules may omit or pad trailing Nones
             raise ValueError(f"the gradient rule of {node.op_type} returned {len(dxs)} gradients for node "
