@@ -112,7 +112,7 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
         torch_buffers = exported_buffers(graph)
         settings = _settings(graph)
         trainable = [n for n in float_names if n not in frozen and n not in buffers and n not in statistics
-                     and weights[n].ndim > 0 and _is_weight_like(graph, n, settings) and not _is_known_buffer(n)
+                     and weights[n].ndim > 0 and n not in settings and not _is_known_buffer(n)
                      and n not in torch_buffers]
     if trainable_ops is not None and trainable_ops >= 0:
         if trainable_ops > len(graph.node):
@@ -164,21 +164,15 @@ QUANTIZED_ADVICE = ("train the float model and quantize it after training (its i
 
 
 def _settings(graph: onnx.GraphProto) -> set[str]:
-    """The values read as an op's settings (``_SETTING_INPUTS``) by some node."""
+    """The values some node reads as an op's settings (``_SETTING_INPUTS``): a float initializer read so is not
+    a parameter, even if another node reads it too (exporters share equal constants: a hard swish's 6 is a Clip
+    bound and a divisor)."""
     found: set[str] = set()
     for node in graph.node:
         positions = _SETTING_INPUTS.get(node.op_type)
         if positions:
             found.update(node.input[i] for i in positions if i < len(node.input) and node.input[i])
     return found
-
-
-def _is_weight_like(graph: onnx.GraphProto, name: str, settings: set[str]) -> bool:
-    """Floating initializers used only as an op's settings (a Dropout ratio, a quantization scale) are not
-    parameters."""
-    return name not in settings or any(
-        x == name and i not in _SETTING_INPUTS.get(node.op_type, ()) for node in graph.node
-        for i, x in enumerate(node.input))
 
 
 def quantized_away(graph: onnx.GraphProto, trainable: Sequence[str]) -> list[str]:
