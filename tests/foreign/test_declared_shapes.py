@@ -91,3 +91,14 @@ def test_a_static_output_declaration_does_not_fix_the_batch(tmp_path):
     module.export_model_for_inferencing(str(tmp_path / "inference.onnx"), ["y"])
     exported = onnx.load(str(tmp_path / "inference.onnx"))
     assert [d.dim_param or d.dim_value for d in exported.graph.output[0].type.tensor_type.shape.dim] == ["N", 4]
+
+
+def test_a_corrected_declaration_keeps_its_metadata():
+    from onnxtrain.ir.types import redeclare
+
+    graph = _model().graph
+    graph.value_info[0].metadata_props.add(key="pkg.torch.onnx.original_node_name", value="mul")
+    _, corrected = infer_from_inputs(_model())
+    redeclare(graph, corrected)
+    assert [d.dim_param or d.dim_value for d in graph.value_info[0].type.tensor_type.shape.dim] == ["N", "T", 4]
+    assert graph.value_info[0].metadata_props[0].value == "mul"

@@ -125,11 +125,20 @@ def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], di
 
 
 def redeclare(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> None:
-    """Replace, in place, the value infos and outputs of ``graph`` named in ``infos`` by theirs."""
-    for declared in (graph.value_info, graph.output):
-        for k, vi in enumerate(declared):
-            if vi.name in infos:
-                declared[k].CopyFrom(value_info(vi.name, infos[vi.name]))
+    """Give the value infos and outputs of ``graph`` named in ``infos`` their shapes, in place (the rest of each
+    declaration, its exporter's metadata included, is kept)."""
+    for vi in [*graph.value_info, *graph.output]:
+        info = infos.get(vi.name)
+        if info is None or info.shape is None:
+            continue
+        shape = vi.type.tensor_type.shape
+        del shape.dim[:]
+        for size in info.shape:
+            dim = shape.dim.add()
+            if isinstance(size, int):
+                dim.dim_value = size
+            elif size is not None:
+                dim.dim_param = size
 
 
 def _merge(derived: TensorInfo | None, declared: TensorInfo, symbols: set[str]) -> tuple[TensorInfo, bool]:
