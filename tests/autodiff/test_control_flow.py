@@ -199,3 +199,37 @@ def test_scan8_is_refused_with_a_fix():
     model.ir_version = 4
     with pytest.raises(UnsupportedOpError, match=r"Scan node .*opset 10 or later.*help: convert"):
         gradient_model(model, ["s0"], {"s": np.ones((1, 2))})
+
+
+def rnn_scan_model() -> onnx.ModelProto:
+    """s_{t+1} = tanh(s_t W + b + x_t) with a captured matrix W and bias b: their per-step gradients are s_t^T dA
+    and the rows of dA summed, which the backward sums after the loop over the stacked steps."""
+    body = helper.make_graph([helper.make_node("MatMul", ["s_in", "W"], ["sw"]),
+                              helper.make_node("Add", ["sw", "b"], ["swb"]),
+                              helper.make_node("Add", ["swb", "x_t"], ["a"]),
+                              helper.make_node("Tanh", ["a"], ["s_out"]),
+                              helper.make_node("Identity", ["s_out"], ["y_t"])],
+                             "body", [_vi("s_in", T.DOUBLE, (2, 3)), _vi("x_t", T.DOUBLE, (2, 3))],
+                             [_vi("s_out", T.DOUBLE, (2, 3)), _vi("y_t", T.DOUBLE, (2, 3))])
+    node = helper.make_node("Scan", ["s0", "x"], ["s", "y"], body=body, num_scan_inputs=1)
+    graph = helper.make_graph([node], "rnn", [_vi("s0", T.DOUBLE, (2, 3)), _vi("x", T.DOUBLE, ("T", 2, 3)),
+                                              _vi("W", T.DOUBLE, (3, 3)), _vi("b", T.DOUBLE, (3,))],
+                              [_vi("s", T.DOUBLE, (2, 3)), _vi("y", T.DOUBLE, ("T", 2, 3))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    return model
+
+
+@pytest.mark.parametrize("length", [1, 4])
+def test_captured_weight_gradients_are_summed_after_the_loop(length):
+    feeds = {"s0": rng.standard_normal((2, 3)), "x": rng.standard_normal((length, 2, 3)),
+             "W": rng.standard_normal((3, 3)) * 0.5, "b": rng.standard_normal(3)}
+    report = check_gradients(rnn_scan_model(), feeds, ["s0", "x", "W", "b"])
+    assert report.ok, report
+    grad = gradient_model(rnn_scan_model(), ["s0", "x", "W", "b"],
+                          {"s": np.ones((2, 3)), "y": rng.standard_normal((length, 2, 3))})
+    backward = [n for n in grad.graph.node if n.op_type == "Scan"][-1]
+    body = next(a.g for a in backward.attribute if a.name == "body")
+    states = len(backward.input) - next(a.i for a in backward.attribute if a.name == "num_scan_inputs")
+    assert states == 1  # the state's gradient only: W's and b's are not accumulated step by step
+    assert [n.op_type for n in body.node].count("MatMul") == 2  # the step's recomputation and ds = dA W^T

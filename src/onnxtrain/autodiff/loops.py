@@ -26,10 +26,11 @@ from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.control_flow import renamed_graph
 from onnxtrain.autodiff.engine import vjp
 from onnxtrain.autodiff.registry import register
+from onnxtrain.autodiff.shape import shape_of
 from onnxtrain.autodiff.subgraph import infer_infos
 from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import clone, constant_values, implicit_inputs
+from onnxtrain.ir.passes import clone, constant_values, implicit_inputs, prune_nodes
 from onnxtrain.ir.types import TensorInfo, value_info
 
 __all__ = ["scan", "loop"]
@@ -119,34 +120,84 @@ def _reverse_scan(ctx: GradContext, body: onnx.GraphProto, step: Step) -> tuple[
     def grad_or_zeros(x: str) -> str:
         return grads.get(x) or sub.zeros_like(x, infos[x].elem_type)
 
+    # A captured weight's gradient that is a product u_t^T q_t each step (a MatMul's weight gradient) is not summed
+    # in the loop, a GEMM with the batch as inner dimension per step, but stacked: after the loop one GEMM over
+    # every step's rows computes the sum.
+    hoisted = {} if step.may_be_empty else _per_step_sums(
+        nodes + sub.nodes, grads, captured, {c: ctx.infos[c].rank if c in ctx.infos else None for c in captured},
+        {**consts, **{i.name: numpy_helper.to_array(i) for i in sub.initializers}})
+    summed = [c for c in captured if c not in hoisted]
+    d_summed = [d for d, c in zip(d_captured, captured) if c not in hoisted]
     results = [grad_or_zeros(ins[i]) for i, _, _ in step.carried]
-    results += [sub.op.Add(dc, grads[c]) if grads.get(c) else dc for dc, c in zip(d_captured, captured)]
+    results += [sub.op.Add(dc, grads[c]) if grads.get(c) else dc for dc, c in zip(d_summed, summed)]
     results += [grad_or_zeros(ins[i]) for i, _, _ in step.stacked]
-    outputs = [sub.node("Identity", [g], [sub.unique(f"d_out{k}")])[0] for k, g in enumerate(results)]
+    factors = [v for c in hoisted for v in hoisted[c][1:]]
+    factor_infos = [TensorInfo(ctx.elem_type(c), (None, None)) for c in hoisted for _ in hoisted[c][1:]]  # matrices
+    outputs = [sub.node("Identity", [g], [sub.unique(f"d_out{k}")])[0] for k, g in enumerate(results + factors)]
     carried_info = [infos.get(ins[i]) for i, _, _ in step.carried]
+    body_nodes = prune_nodes([*nodes, *sub.nodes], outputs)  # a hoisted product's per-step MatMul is gone
     graph = helper.make_graph(
-        [*nodes, *sub.nodes], f"{name}_grad_body",
+        body_nodes, f"{name}_grad_body",
         [*(value_info(d, info) for d, info in zip(d_carried, carried_info)),
-         *(value_info(d, ctx.infos.get(c)) for d, c in zip(d_captured, captured)),
+         *(value_info(d, ctx.infos.get(c)) for d, c in zip(d_summed, summed)),
          *(value_info(x, info) for x, info in zip(fed, step.infos)),
          *(value_info(d, infos.get(outs[j])) for d, (j, *_) in zip(d_scanned, step.scanned))],
-        [value_info(o, infos.get(x)) for o, x in zip(outputs, [*(ins[i] for i, _, _ in step.carried), *captured,
-                                                                 *(ins[i] for i, _, _ in step.stacked)])],
+        [*(value_info(o, infos.get(x)) for o, x in zip(outputs, [*(ins[i] for i, _, _ in step.carried), *summed,
+                                                                   *(ins[i] for i, _, _ in step.stacked)])),
+         *(value_info(o, info) for o, info in zip(outputs[len(results):], factor_infos))],
         initializer=[*inits, *sub.initializers])
 
     # The backward Scan runs forward over stacks put in backward order (onnx.reference's Scan knows no other).
     scanned_in = [*((v, v, a, d) for v, a, d in step.feeds), *((g, y, a, d) for _, y, g, a, d in step.scanned)]
-    initial = [*(g for _, _, g in step.carried), *(ctx.b.zeros_like(c, ctx.elem_type(c)) for c in captured)]
+    initial = [*(g for _, _, g in step.carried), *(ctx.b.zeros_like(c, ctx.elem_type(c)) for c in summed)]
     stacks = [_backward_order(ctx, v, like, a, d) for v, like, a, d in scanned_in]
     if not step.may_be_empty:
         result = ctx.op.Scan(*initial, *stacks, body=graph, num_scan_inputs=len(scanned_in), _outputs=len(outputs))
         result = result if isinstance(result, list) else [result]
     else:   # onnxruntime's Scan rejects empty stacks: zero iterations pass the initial states through
-        result = _scan_unless_empty(ctx, initial, stacks, graph, [*carried_info, *(ctx.infos.get(c) for c in captured)])
-    k, m = len(step.carried), len(captured)
+        result = _scan_unless_empty(ctx, initial, stacks, graph, [*carried_info, *(ctx.infos.get(c) for c in summed)])
+    k, m, s = len(step.carried), len(summed), len(step.stacked)
     stacked = [_forward_order(ctx, g, ins_outer, a, d) for g, (_, a, d), ins_outer
-               in zip(result[k + m:], step.stacked, [step.feeds[i][0] for i, _, _ in step.stacked])]
-    return result[:k], stacked, dict(zip(captured, result[k:k + m]))
+               in zip(result[k + m:k + m + s], step.stacked, [step.feeds[i][0] for i, _, _ in step.stacked])]
+    d_outer = dict(zip(summed, result[k:k + m]))
+    stacked_factors = iter(result[k + m + s:])
+    for c, (kind, *_) in hoisted.items():   # the sum over the steps, of every step's rows at once
+        if kind == "outer":   # sum_t u_t^T q_t: one GEMM
+            u, q = next(stacked_factors), next(stacked_factors)
+            d_outer[c] = ctx.op.Gemm(_rows(ctx, u), _rows(ctx, q), transA=1)
+        else:
+            d_outer[c] = ctx.b.reduce("ReduceSum", _rows(ctx, next(stacked_factors)), [0], keepdims=False)
+    return result[:k], stacked, d_outer
+
+
+def _per_step_sums(nodes: list[onnx.NodeProto], grads: dict[str, str | None], captured: list[str],
+                   ranks: dict[str, int | None], constants: dict[str, np.ndarray]) -> dict[str, tuple[str, ...]]:
+    """Captured values whose per-step gradient is a matrix product ``MatMul(Transpose(u), q)`` (("outer", u, q):
+    a MatMul's weight gradient) or a sum of rows ``ReduceSum(q, axes=[0], keepdims=0)`` (("rows", q): a bias's),
+    u and q values of the backward body (stacked, each step's, by the backward Scan); ``ranks`` are the captured
+    values'."""
+    producer = {o: n for n in nodes for o in n.output}
+    found: dict[str, tuple[str, ...]] = {}
+    for c in captured:
+        node = producer.get(grads.get(c) or "")
+        if node is None:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "MatMul" and ranks.get(c) == 2:   # a 2-D result of a 2-D Transpose: q is 2-D too
+            transpose = producer.get(node.input[0])
+            if (transpose is not None and transpose.op_type == "Transpose"
+                    and [list(a.ints) for a in transpose.attribute if a.name == "perm"] == [[1, 0]]):
+                found[c] = ("outer", transpose.input[0], node.input[1])
+        elif node.op_type == "ReduceSum" and ranks.get(c) == 1 and not attrs.get("keepdims", 1):
+            axes = attrs.get("axes") if len(node.input) < 2 else constants.get(node.input[1])
+            if axes is not None and list(np.asarray(axes).reshape(-1)) == [0]:
+                found[c] = ("rows", node.input[0])
+    return found
+
+
+def _rows(ctx: GradContext, v: str) -> str:
+    """Steps of matrix rows stacked (T, rows, columns), as one matrix (T * rows, columns)."""
+    return ctx.op.Reshape(v, ctx.op.Concat(ctx.b.ints([-1]), shape_of(ctx.b, v, -1), axis=0))
 
 
 def _scan_unless_empty(ctx: GradContext, initial: list[str], stacks: list[str], body: onnx.GraphProto,
