@@ -102,3 +102,12 @@ def test_a_corrected_declaration_keeps_its_metadata():
     redeclare(graph, corrected)
     assert [d.dim_param or d.dim_value for d in graph.value_info[0].type.tensor_type.shape.dim] == ["N", "T", 4]
     assert graph.value_info[0].metadata_props[0].value == "mul"
+
+
+def test_the_model_is_left_as_it_was():
+    model = _model()
+    model.graph.output.append(helper.make_tensor_value_info("scalar", TensorProto.FLOAT, []))
+    model.graph.node.append(helper.make_node("ReduceSum", ["y"], ["scalar"], keepdims=0))
+    before = model.SerializeToString()
+    infer_from_inputs(model)
+    assert model.SerializeToString() == before

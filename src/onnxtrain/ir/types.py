@@ -84,7 +84,8 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
 
 def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], dict[str, TensorInfo]]:
     """Shape inference from the graph's inputs and initializers, the model's declared shapes (value infos and
-    outputs) filling in only what it cannot tell; returns the infos and the declarations it contradicts, corrected.
+    outputs) filling in only what it cannot tell; returns the infos and the declarations it contradicts, corrected
+    (``model`` is left as it was).
 
     A declaration is not evidence: torch's dynamo exporter declares some values with the sizes of its example
     inputs (a recurrent layer's output over a dynamic sequence, for one), an export given dynamic axes for its
@@ -96,15 +97,25 @@ def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], di
     on, as ``infer_tensor_info`` does.
     """
     graph = model.graph
-    declares = [vi for vi in [*graph.value_info, *graph.output] if vi.type.tensor_type.HasField("shape")]
-    if not declares:
+    if not graph.value_info and not any(o.type.tensor_type.HasField("shape") for o in graph.output
+                                        if o.type.HasField("tensor_type")):
         return infer_tensor_info(model), {}
-    bare = onnx.ModelProto()
-    bare.CopyFrom(model)
-    del bare.graph.value_info[:]
-    for output in bare.graph.output:
-        output.type.tensor_type.ClearField("shape")
-    inferred = infer_tensor_info(bare)
+    # the declarations are taken out of ``model`` for the inference and put back after it (a copy of the model
+    # would copy its constant weights too)
+    saved = [vi.SerializeToString() for vi in graph.value_info]
+    shaped = {k: o.type.tensor_type.shape.SerializeToString() for k, o in enumerate(graph.output)
+              if o.type.HasField("tensor_type") and o.type.tensor_type.HasField("shape")}
+    del graph.value_info[:]
+    for k in shaped:
+        graph.output[k].type.tensor_type.ClearField("shape")
+    try:
+        inferred = infer_tensor_info(model)
+    finally:
+        graph.value_info.extend(onnx.ValueInfoProto.FromString(b) for b in saved)
+        for k, shape in shaped.items():
+            graph.output[k].type.tensor_type.shape.ParseFromString(shape)  # a scalar's empty shape too
+    declares = [vi for vi in [*graph.value_info, *graph.output]
+                if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")]
     symbols = {d.dim_param for i in graph.input if i.type.HasField("tensor_type")
                for d in i.type.tensor_type.shape.dim if d.dim_param}
     infos, corrected = dict(inferred), {}
