@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from onnxtrain.ir.passes import node_inputs
+from onnxtrain.ir.passes import ancestors, node_inputs
 from onnxtrain.ir.types import FLOAT_TYPES
 
 __all__ = ["ParameterPlan", "plan_parameters", "batchnorm_buffers"]
@@ -178,15 +178,9 @@ def _settings(graph: onnx.GraphProto) -> set[str]:
 def quantized_away(graph: onnx.GraphProto, trainable: Sequence[str]) -> list[str]:
     """The ``trainable`` parameters that some quantizing op (``QUANTIZING_OPS``) reads, directly or not: their
     gradient through the quantized values is zero, whatever the loss."""
-    producer = {o: node for node in graph.node for o in node.output}
-    seen: set[str] = set()
-    stack = [node.input[0] for node in graph.node if node.op_type in QUANTIZING_OPS and node.input]
-    while stack:
-        value = stack.pop()
-        if value in seen:
-            continue
-        seen.add(value)
-        node = producer.get(value)
-        if node is not None:
-            stack.extend(x for x in node_inputs(node) if x)
-    return [p for p in trainable if p in seen]
+    nodes = list(graph.node)
+    quantized = [n.input[0] for n in nodes if n.op_type in QUANTIZING_OPS and n.input]
+    if not quantized:
+        return []
+    read = set(quantized) | {x for k in ancestors(nodes, quantized) for x in node_inputs(nodes[k])}
+    return [p for p in trainable if p in read]
