@@ -129,6 +129,8 @@ def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], di
             corrected[vi.name] = merged
     if all(o in infos and infos[o].rank is not None for n in graph.node for o in n.output if o):
         return infos, corrected
+    if not corrected:  # the declarations as they are
+        return infer_tensor_info(model), corrected
     declared = onnx.ModelProto()
     declared.CopyFrom(model)
     redeclare(declared.graph, corrected)
