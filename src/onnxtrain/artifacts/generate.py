@@ -22,7 +22,13 @@ from onnxtrain.artifacts.params import (
     plan_parameters,
     quantized_away,
 )
-from onnxtrain.artifacts.passes import BackwardOrder, GeluBackward, RecomputeInBackward, ShapesInForward
+from onnxtrain.artifacts.passes import (
+    BackwardOrder,
+    GeluBackward,
+    RecomputeInBackward,
+    ShapesInForward,
+    TransposedProducts,
+)
 from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
 from onnxtrain.blocks import ops, optim
 from onnxtrain.blocks.base import Block
@@ -183,6 +189,8 @@ def generate_artifacts(
             write(files, "optimizer", build_optimizer_model(
                 opt_block, {p: source.weights[p] for p in plan.trainable}, source.opset),
                   checked=False)
+        # A weight's gradient through the exporters' MatMul(x, Transpose(W)) is one Gemm, not a Gemm and a copy
+        # (TransposedProducts).
         # The backward keeps fewer forward values: the erf GELU's backward multiplies by its derivative, computed
         # from its input (GeluBackward); with a dynamic axis it reads the shapes of values it only needs the
         # shapes of (ShapesInForward), then it recomputes cheap ones (attention probabilities) from values it
@@ -190,8 +198,8 @@ def generate_artifacts(
         # (docs/memory.md, docs/lora.md).
         # onnxruntime orders the nodes itself: gradient nodes wait for the backward, weight gradients are
         # computed layer by layer (BackwardOrder, last; docs/memory.md).
-        memory = PassManager([GeluBackward(), ShapesInForward(), RecomputeInBackward(infos=graphs.infos),
-                              BackwardOrder(infos=graphs.infos)])(
+        memory = PassManager([TransposedProducts(), GeluBackward(), ShapesInForward(),
+                              RecomputeInBackward(infos=graphs.infos), BackwardOrder(infos=graphs.infos)])(
             graphs.training)
         training = memory.model
         # A model imported from .tflite/.circle carries its source file: the training model keeps it, so that the

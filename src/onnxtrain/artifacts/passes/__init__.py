@@ -11,7 +11,8 @@ from onnxtrain.artifacts.passes.pool_before_relu import PoolBeforeRelu
 from onnxtrain.artifacts.passes.recompute import RecomputeInBackward
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.artifacts.passes.shapes_in_forward import ShapesInForward
+from onnxtrain.artifacts.passes.transposed_products import TransposedProducts
 
 __all__ = ["EvalMode", "DropUnreadIndices", "PoolBeforeRelu", "FoldOutputIdentities", "SequencesToSplit",
            "RecomputeInBackward", "ShapesInForward", "GeluBackward", "BackwardOrder", "CastLikeToCast",
-           "InlineLocalFunctions"]
+           "InlineLocalFunctions", "TransposedProducts"]
