@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import collections
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 from onnx import helper
 
-__all__ = ["TensorInfo", "value_info", "infer_tensor_info", "infer_from_inputs", "redeclare", "np_dtype",
-           "onnx_dtype", "FLOAT_TYPES"]
+__all__ = ["TensorInfo", "value_info", "infer_tensor_info", "infer_from_inputs", "redeclare", "solve_reshapes",
+           "np_dtype", "onnx_dtype", "FLOAT_TYPES"]
 
 FLOAT_TYPES = frozenset(
     {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
@@ -69,7 +71,82 @@ def value_info(name: str, info: TensorInfo | None) -> onnx.ValueInfoProto:
 
 
 def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
-    """Run ONNX shape inference (without touching ``model``) and map every typed value name to its info."""
+    """Run ONNX shape inference (without changing ``model``) and map every typed value name to its info.
+
+    A Reshape's output dimension that ONNX inference leaves unknown but that the element count determines is
+    filled in (:func:`solve_reshapes`), and inference runs again from there, so that what follows knows it too.
+    """
+    infos = _infer_once(model)
+    solved: dict[str, TensorInfo] = {}
+    for _ in range(_REINFERENCE_ROUNDS):
+        new = solve_reshapes(model.graph, infos)
+        if not new:
+            break
+        solved.update(new)
+        infos = _infer_declared(model, solved)
+    return infos
+
+
+# Each round solves the Reshapes whose inputs the previous one made known: a transformer's attention needs two
+# (the heads' split, then their merge after the attention product); layers do not chain them.
+_REINFERENCE_ROUNDS = 4
+
+
+def solve_reshapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """The outputs of ``graph``'s Reshapes whose one unknown dimension follows from the element count.
+
+    Exporters write a reshape's target with a -1 or with sizes computed at run time (transformers' attention:
+    ``view(*batch_and_sequence, -1, head_size)``), and ONNX inference gives such a dimension a fresh symbol even
+    when the input's symbols cancel out: (b, s, 384) -> (b, s, ?, 32) has ? = 12 at every b and s. A dimension
+    left unknown that way made the heads' axis of the attention product a different symbol for its two operands,
+    and their gradients reduced over it at run time (a full copy each). Solved: exactly one output dimension is
+    unknown after the symbols the input and output share are cancelled, and the input has none left over.
+    Symbols compare by name, which within one inference means equal sizes.
+    """
+    solved: dict[str, TensorInfo] = {}
+    for node in graph.node:
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
+            continue
+        source, target = infos.get(node.input[0]), infos.get(node.output[0])
+        if source is None or target is None or source.shape is None or target.shape is None:
+            continue
+        if target.static_shape is not None or any(d is None for d in source.shape):
+            continue
+        left = collections.Counter(d for d in source.shape if isinstance(d, str))
+        right = collections.Counter(d for d in target.shape if not isinstance(d, int))
+        shared = left & right
+        left, right = left - shared, right - shared
+        if left or sum(right.values()) != 1:
+            continue
+        unknown = next(iter(right))
+        if unknown in shared:  # a symbol the input has once and the output twice: not one unknown size
+            continue
+        known_in = math.prod(d for d in source.shape if isinstance(d, int))
+        known_out = math.prod(d for d in target.shape if isinstance(d, int))
+        if known_in == 0 or known_out == 0 or known_in % known_out:
+            continue
+        size = known_in // known_out
+        solved[node.output[0]] = TensorInfo(target.elem_type, tuple(size if d == unknown else d for d in target.shape))
+    return solved
+
+
+def _infer_declared(model: onnx.ModelProto, declared: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """Inference with ``declared`` as the value infos of those values (in place of the model's own, which are
+    put back after)."""
+    graph = model.graph
+    saved = [vi.SerializeToString() for vi in graph.value_info]
+    kept = [onnx.ValueInfoProto.FromString(b) for b in saved]
+    del graph.value_info[:]
+    graph.value_info.extend(vi for vi in kept if vi.name not in declared)
+    graph.value_info.extend(value_info(name, info) for name, info in declared.items())
+    try:
+        return _infer_once(model)
+    finally:
+        del graph.value_info[:]
+        graph.value_info.extend(onnx.ValueInfoProto.FromString(b) for b in saved)
+
+
+def _infer_once(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     g = inferred.graph
     infos: dict[str, TensorInfo] = {}

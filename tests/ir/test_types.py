@@ -1,0 +1,105 @@
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxtrain import artifacts
+from onnxtrain.ir.types import TensorInfo, infer_tensor_info, solve_reshapes
+
+
+def _attention_heads(heads_target):
+    """(b, s, 8) -> queries and keys (-x) split into heads of 2 by Reshapes to ``heads_target`` (computed from
+    Shape(x) as transformers exports it), (q @ k^T) @ q over (b, h, s, 2), merged back by a Reshape to (b, s, -1)."""
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+             [("i01", [0, 1]), ("tail", heads_target), ("merge_tail", [-1])]]
+    nodes = [helper.make_node("Shape", ["x"], ["xs"]),
+             helper.make_node("Gather", ["xs", "i01"], ["bs"], axis=0),
+             helper.make_node("Concat", ["bs", "tail"], ["heads_shape"], axis=0),
+             helper.make_node("Reshape", ["x", "heads_shape"], ["heads"]),
+             helper.make_node("Neg", ["x"], ["xk"]),   # keys: a second split, with a shape of its own
+             helper.make_node("Concat", ["bs", "tail"], ["key_shape"], axis=0),
+             helper.make_node("Reshape", ["xk", "key_shape"], ["key_heads"]),
+             helper.make_node("Transpose", ["heads"], ["q"], perm=[0, 2, 1, 3]),
+             helper.make_node("Transpose", ["key_heads"], ["kt"], perm=[0, 2, 3, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+             helper.make_node("MatMul", ["scores", "q"], ["context"]),
+             helper.make_node("Transpose", ["context"], ["back"], perm=[0, 2, 1, 3]),
+             helper.make_node("Concat", ["bs", "merge_tail"], ["merged_shape"], axis=0),
+             helper.make_node("Reshape", ["back", "merged_shape"], ["y"])]
+    graph = helper.make_graph(nodes, "heads", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_heads_split_with_minus_one_gets_its_size_from_the_element_count():
+    infos = infer_tensor_info(_attention_heads([-1, 2]))
+    assert infos["heads"].shape == ("b", "s", 4, 2)
+    assert infos["scores"].shape == ("b", 4, "s", "s")   # both operands have 4 heads: no broadcast to resolve
+    assert infos["y"].shape == ("b", "s", 8)             # solved in the second round, from the first's result
+
+
+def test_onnx_inference_alone_leaves_the_heads_unknown():
+    """The case the solving is for: without it the heads' axis is a fresh symbol (the test above can fail)."""
+    inferred = onnx.shape_inference.infer_shapes(_attention_heads([-1, 2]), data_prop=True)
+    heads = next(v for v in inferred.graph.value_info if v.name == "heads")
+    assert not heads.type.tensor_type.shape.dim[2].HasField("dim_value")
+
+
+@pytest.mark.parametrize("source,target,expected", [
+    (("b", "s", 384), ("b", "s", "u", 32), ("b", "s", 12, 32)),
+    (("b", 12, "s", 32), ("b", "s", None), ("b", "s", 384)),
+    (("b", "s", 384), ("u", "s", 384), None),          # b does not cancel: two unknowns
+    (("b", "s", 384), ("b", "u", "v", 32), None),      # two unknowns
+    (("b", "s", 384), ("b", "s", "u", 5), None),       # 384 is not a multiple of 5: not solved
+    (("b", 0, 384), ("b", "u", 3), None),              # empty: any size fits
+    (("b", "s", 384), ("b", "s", 384), None),          # nothing unknown
+    (("b", 6), ("b", "b"), None),                      # the unknown is also a symbol of the input
+])
+def test_solve_reshapes_cases(source, target, expected):
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"])
+    graph = helper.make_graph([node], "g", [], [])
+    infos = {"x": TensorInfo(TensorProto.FLOAT, source), "y": TensorInfo(TensorProto.FLOAT, target)}
+    solved = solve_reshapes(graph, infos)
+    assert solved == ({} if expected is None else {"y": TensorInfo(TensorProto.FLOAT, expected)})
+
+
+def test_a_transformers_style_attention_trains_without_run_time_reductions(tmp_path):
+    """The gradient of the attention product reads the heads' axis as static: no ReduceSum with axes computed at
+    run time (a no-op copy of the whole tensor per step before), and the gradient is right at two batch sizes."""
+    model = _attention_heads([-1, 2])
+    w = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
+    model.graph.initializer.append(numpy_helper.from_array(w, "w"))
+    model.graph.node.insert(0, helper.make_node("MatMul", ["x_in", "w"], ["x"]))
+    model.graph.input[0].name = "x_in"
+    artifacts.generate_artifacts(model, requires_grad=["w"], loss=artifacts.LossType.MSELoss,
+                                 artifact_directory=str(tmp_path))
+    training = onnx.load(str(tmp_path / "training_model.onnx"))
+    constants = {n.output[0] for n in training.graph.node if n.op_type == "Constant"}
+    constants |= {i.name for i in training.graph.initializer}
+    dynamic = [n.name for n in training.graph.node if n.op_type == "ReduceSum" and len(n.input) > 1
+               and n.input[1] not in constants]
+    assert not dynamic
+
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(training.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    rng = np.random.default_rng(1)
+    for batch in (2, 3):
+        x = rng.standard_normal((batch, 3, 8)).astype(np.float32)
+        target = rng.standard_normal((batch, 3, 8)).astype(np.float32)
+        feeds = {"x_in": x, "target": target, "w": w, "w_grad.accumulation.buffer": np.zeros_like(w),
+                 "lazy_reset_grad": np.array(True)}
+        grad = session.run(None, feeds)[names.index("w_grad.accumulation.out")]
+
+        def loss(weights, x=x, target=target, batch=batch):
+            h = (x.astype(np.float64) @ weights).reshape(batch, 3, 4, 2).transpose(0, 2, 1, 3)
+            y = ((h @ -h.transpose(0, 1, 3, 2)) @ h).transpose(0, 2, 1, 3).reshape(batch, 3, 8)
+            return np.mean((y - target) ** 2)
+
+        numeric = np.zeros_like(w, dtype=np.float64)
+        for idx in np.ndindex(*w.shape):
+            e = np.zeros_like(w, dtype=np.float64)
+            e[idx] = 1e-6
+            numeric[idx] = (loss(w + e) - loss(w - e)) / 2e-6
+        np.testing.assert_allclose(grad, numeric, rtol=2e-3, atol=1e-4)
