@@ -89,6 +89,22 @@ def test_a_weight_exported_as_an_input_is_named_as_such():
         plan_parameters(graph, {}, ["fc.weight"], None)
 
 
+def test_a_torch_name_the_exporter_replaced_says_how_to_keep_it():
+    """torch.onnx.export's constant folding stores a Linear's weight on a 3-D input transposed as onnx::MatMul_N:
+    a user's list of torch parameter names then misses it, and the error says why and what to do."""
+    graph = _rope_like()
+    graph.initializer[0].name = "onnx::MatMul_11"
+    graph.node[0].input[1] = "onnx::MatMul_11"
+    weights = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    with pytest.raises(ValueError, match=r"'layer.weight' is not an initializer.*onnx::MatMul_11.*"
+                                         r"do_constant_folding=False"):
+        plan_parameters(graph, weights, ["layer.weight"], None)
+    with pytest.raises(ValueError) as plain:   # no made-up names: no such advice
+        plan_parameters(_rope_like(), {i.name: numpy_helper.to_array(i) for i in _rope_like().initializer},
+                        ["other.weight"], None)
+    assert "do_constant_folding" not in str(plain.value)
+
+
 def test_a_model_without_weights_says_why_nothing_trains(tmp_path, caplog):
     from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
 

@@ -46,6 +46,12 @@ WEIGHTS_AS_INPUTS = ("torch.onnx.export(..., export_params=False) writes the wei
                      "values; export the model with its weights (export_params=True, the default)")
 
 
+RENAMED_BY_FOLDING = ("its constant folding (do_constant_folding=True, the default) stores the weight of a Linear "
+                      "that reads a 3-D input transposed under a new name (onnx::MatMul_N) and folds a BatchNorm into "
+                      "the convolution before it (onnx::Conv_N); export with do_constant_folding=False to keep the "
+                      "parameters' names, or name these")
+
+
 def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str, strict: bool = True,
             graph_inputs: frozenset[str] = frozenset()) -> list[str]:
     """Resolve names and shell-style globs against ``candidates``; unknown names are an error (``strict``) or
@@ -69,8 +75,11 @@ def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str, s
                              f"train from" + (f" ({WEIGHTS_AS_INPUTS})" if not candidates else ""))
         if not hits:
             close = [c for c in candidates if name.split(".")[-1] in c][:5]
+            made_up = [c for c in candidates if c.startswith("onnx::")]
             raise ValueError(f"{what}: {name!r} is not an initializer of the model"
-                             + (f" (similar names: {close})" if close else f" ({len(candidates)} initializers)"))
+                             + (f" (similar names: {close})" if close else f" ({len(candidates)} initializers)")
+                             + (f"; {len(made_up)} initializers have names torch.onnx.export made up (e.g. "
+                                f"{made_up[:3]}): {RENAMED_BY_FOLDING}" if made_up else ""))
         out += [h for h in hits if h not in out]
     if skipped:
         warnings.warn(f"{what}: {len(skipped)} names are not initializers of the model and are ignored (as "
