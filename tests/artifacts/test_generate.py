@@ -121,6 +121,53 @@ def test_losses_match_torch(loss, reduction, tmp_path):
         np.testing.assert_allclose(state.parameters[n].grad, p.grad.numpy(), rtol=1e-4, atol=1e-6)
 
 
+def _sequence_scorer(vocab=5):
+    """A token model: (batch, sequence, 3) features -> (batch, sequence, vocab) logits, sequence length dynamic."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(2).standard_normal((3, vocab)).astype(np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "sequence", 3])
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "sequence", vocab])
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["logits"])], "lm", [x], [logits],
+                              [numpy_helper.from_array(w, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("ignore_index", [None, 2])
+def test_cross_entropy_over_the_last_axis_matches_torch_on_sequence_logits(ignore_index, tmp_path):
+    """A language model's (batch, sequence, vocabulary) logits with (batch, sequence) labels: class_axis=-1, at two
+    sequence lengths with the same artifacts; torch: cross_entropy(logits.reshape(-1, V), labels.reshape(-1))."""
+    torch = pytest.importorskip("torch")
+    generate_artifacts(_sequence_scorer(), loss=blocks.CrossEntropyLoss(class_axis=-1, ignore_index=ignore_index),
+                       optimizer=OptimType.SGD, artifact_directory=tmp_path)
+    rng = np.random.default_rng(3)
+    for length in (4, 7):
+        x = rng.standard_normal((2, length, 3)).astype(np.float32)
+        y = rng.integers(0, 5, (2, length)).astype(np.int64)
+        ours, state = _run_loss(tmp_path, x, y)
+        w = torch.tensor(state.parameters["w"].data, requires_grad=True)
+        logits = torch.from_numpy(x) @ w
+        ref = torch.nn.functional.cross_entropy(logits.reshape(-1, 5), torch.from_numpy(y).reshape(-1),
+                                                ignore_index=-100 if ignore_index is None else ignore_index)
+        ref.backward()
+        assert ours == pytest.approx(ref.item(), rel=1e-5)
+        np.testing.assert_allclose(state.parameters["w"].grad, w.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_cross_entropy_on_axis_one_of_sequence_logits_warns(tmp_path, caplog):
+    """Axis 1 of run-time size and a fixed last axis: the classes are probably on the last axis; the warning says
+    how to read them there. With class_axis=-1 there is no warning."""
+    generate_artifacts(_sequence_scorer(), loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path / "a")
+    assert "class_axis=-1" in caplog.text
+    caplog.clear()
+    generate_artifacts(_sequence_scorer(), loss=blocks.CrossEntropyLoss(class_axis=-1),
+                       artifact_directory=tmp_path / "b")
+    assert "class_axis" not in caplog.text
+    with pytest.raises(ValueError, match="class_axis=3"):
+        generate_artifacts(_sequence_scorer(), loss=blocks.CrossEntropyLoss(class_axis=3),
+                           artifact_directory=tmp_path / "c")
+
+
 def test_custom_loss_block(tmp_path):
     """A loss composed from blocks in a few lines: 0.5 * MSE + 0.1 * L1."""
 

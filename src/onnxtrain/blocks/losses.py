@@ -6,6 +6,7 @@ already has a value of that name.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -14,6 +15,8 @@ import onnx
 from onnxtrain.blocks.base import Block, BuildContext
 from onnxtrain.blocks.ops import reduce
 from onnxtrain.ir.types import np_dtype
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["MSELoss", "L1Loss", "HuberLoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "NLLLoss"]
 
@@ -24,10 +27,10 @@ def _target_like(ctx: BuildContext, output: str, target: str) -> str:
     return ctx.require_input(target, info.elem_type, info.shape)
 
 
-def _class_labels(ctx: BuildContext, output: str, labels: str) -> str:
-    """Declare ``labels``: int64 class indices shaped like ``output`` without its class axis (axis 1)."""
+def _class_labels(ctx: BuildContext, output: str, labels: str, axis: int = 1) -> str:
+    """Declare ``labels``: int64 class indices shaped like ``output`` without its class axis."""
     shape = ctx.info(output).shape
-    label_shape = None if shape is None else [shape[0], *shape[2:]]
+    label_shape = None if shape is None else [d for i, d in enumerate(shape) if i != axis]
     return ctx.require_input(labels, onnx.TensorProto.INT64, label_shape)
 
 
@@ -97,21 +100,46 @@ class BCEWithLogitsLoss(_Loss):
 
 
 class _ClassIndexLoss(_Loss):
-    """A loss over class scores on axis 1 with class-index labels, optional class weights and ignore_index."""
+    """A loss over class scores with class-index labels, optional class weights and ignore_index.
+
+    The classes are on axis 1, as in torch's ``cross_entropy`` and ONNX's loss ops: scores (N, C, d1, ...) and
+    labels (N, d1, ...). ``class_axis=-1`` reads them on the last axis instead, a language model's (batch,
+    sequence, vocabulary) logits with (batch, sequence) labels (the scores are transposed for the ONNX op).
+    """
 
     op_type = ""
 
     def __init__(self, weight: Sequence[float] | np.ndarray | None = None, reduction: str = "mean",
-                 ignore_index: int | None = None):
+                 ignore_index: int | None = None, class_axis: int = 1):
         super().__init__(reduction)
         self.weight = None if weight is None else np.asarray(weight)
         self.ignore_index = ignore_index
+        self.class_axis = class_axis
 
     def build(self, scores: str, labels: str = "labels") -> str:
-        dtype = np_dtype(self.context.info(scores).elem_type)
+        info = self.context.info(scores)
+        rank = info.rank
+        axis = self.class_axis
+        if axis != 1:
+            if rank is None:
+                raise ValueError(f"{type(self).__name__}(class_axis={axis}): the rank of {scores!r} is unknown")
+            if not -rank <= axis < rank or axis % rank == 0:
+                raise ValueError(f"{type(self).__name__}(class_axis={axis}): {scores!r} has rank {rank}; the class "
+                                 "axis must be one of its axes after the batch axis 0")
+            axis %= rank
+        elif rank is not None and rank >= 3 and info.shape is not None and not isinstance(info.shape[1], int) \
+                and isinstance(info.shape[-1], int):
+            logger.warning("%s reads the classes on axis 1 of %r, shaped %s: that axis has a run-time size and the "
+                           "last one a fixed size; if the classes are on the last axis (a language model's (batch, "
+                           "sequence, vocabulary) logits), use blocks.%s(class_axis=-1)", type(self).__name__,
+                           str(scores), tuple(info.shape), type(self).__name__)
+        label = _class_labels(self.context, scores, labels, axis)
+        if axis != 1:
+            scores = self.op.Transpose(scores, perm=[0, axis, *(i for i in range(1, rank) if i != axis)])
+        dtype = np_dtype(info.elem_type)
         weight = None if self.weight is None else self.builder.const(self.weight.astype(dtype), name="class_weights")
-        return getattr(self.op, self.op_type)(scores, _class_labels(self.context, scores, labels), weight,
-                                              reduction=self.reduction, ignore_index=self.ignore_index)
+        return getattr(self.op, self.op_type)(scores, label, weight, reduction=self.reduction,
+                                              ignore_index=self.ignore_index)
 
 
 class CrossEntropyLoss(_ClassIndexLoss):
