@@ -39,6 +39,18 @@ def test_a_transposed_gemm_becomes_the_gemm_of_the_transposes(trans_a, trans_b, 
     np.testing.assert_allclose(_run(result.model, {"a": a, "b": b})[0], want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_transposed_product_of_a_transposed_product_is_rewritten_too():
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((4, 5)).astype(np.float32)
+    model = _model([helper.make_node("Gemm", ["a", "b"], ["p"]),
+                    helper.make_node("Transpose", ["p"], ["pt"], perm=[1, 0]),
+                    helper.make_node("Transpose", ["pt"], ["y"], perm=[1, 0])],
+                   [("a", a.shape), ("b", b.shape)], ["y"])
+    result = TransposedProducts()(model)
+    assert [n.op_type for n in result.model.graph.node] == ["Gemm"]
+    np.testing.assert_allclose(_run(result.model, {"a": a, "b": b})[0], a @ b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("case", ["bias", "other_reader", "graph_output", "other_perm"])
 def test_left_alone(case):
     nodes = [helper.make_node("Gemm", ["a", "b", "c"] if case == "bias" else ["a", "b"], ["p"]),
