@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from onnxtrain.artifacts.contrib_ops import CONTRIB, LOWERED, lower_contrib_ops
 from onnxtrain.artifacts.ml_ops import lower_ml_ops
 from onnxtrain.ir.passes import clone, declare_as_inputs, node_inputs
 from onnxtrain.ir.types import FLOAT_TYPES, infer_tensor_info
@@ -30,6 +31,12 @@ _SKL2ONNX_HINT = ("onnxtrain rewrites scikit-learn's linear models and scalers (
                   "Scaler, Normalizer) as default-domain ops; tree ensembles, SVMs and other ai.onnx.ml ops have no "
                   "gradient to train, so only a model whose trainable part is written with default-domain ops "
                   "(an MLP, a linear model) can be fine-tuned")
+
+
+CONTRIB_HINT = ("onnxruntime's optimizer (onnxruntime.transformers optimize_model, or an optimized model saved by "
+                "a session) fused these; onnxtrain rewrites " + ", ".join(LOWERED) + " as standard ops, but not "
+                "the others: train the model as it was exported, before the optimizer, or optimize it with those "
+                "fusions off (e.g. FusionOptions.enable_attention = False)")
 
 
 def _describe(graph: onnx.GraphProto, name: str) -> str:
@@ -59,6 +66,7 @@ def detach_foreign_ops(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -
     outputs they make. Raises ValueError if no output is left and no float value computed by default-domain
     ops feeds the removed nodes (nothing a loss could read: e.g. a LinearClassifier on the model's input)."""
     lower_ml_ops(model, weights)  # linear models and scalers: default-domain ops that train (ml_ops.py)
+    lower_contrib_ops(model, weights)  # onnxruntime's fused GELUs and LayerNorms (contrib_ops.py)
     graph = model.graph
     foreign = [n for n in graph.node if n.domain not in ("", "ai.onnx")]
     if not foreign:
@@ -85,7 +93,8 @@ def detach_foreign_ops(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -
         read = [x for x in read if x in infos and infos[x].is_float]
     if len(removed) == len(graph.output) and not read:
         ops = sorted({f"{n.domain}::{n.op_type}" for n in foreign})
-        hint = f"; {_SKL2ONNX_HINT}" if any(n.domain == "ai.onnx.ml" for n in foreign) else ""
+        hint = (f"; {_SKL2ONNX_HINT}" if any(n.domain == "ai.onnx.ml" for n in foreign) else
+                f"; {CONTRIB_HINT}" if any(n.domain == CONTRIB for n in foreign) else "")
         raise ValueError(f"every output of the model is computed by ops outside the default ONNX domain "
                          f"({', '.join(ops)}), which have no gradient and cannot be in stock-onnxruntime "
                          f"artifacts{hint}")
@@ -174,8 +183,10 @@ def check_loss_inputs(graph: onnx.GraphProto, detached: Detached, loss_inputs: S
                                       "says otherwise)" if loss_name else " (the model's first output is the loss)")
     for name in asked:
         if name in removed:
+            hint = f"; {CONTRIB_HINT}" if f"{CONTRIB}::" in removed[name] else ""
             raise ValueError(f"{loss_name or 'the loss'} cannot read {name!r}{default}: it is {removed[name]}, "
-                             f"which no loss can read and stock-onnxruntime artifacts cannot contain; {instead()}")
+                             f"which no loss can read and stock-onnxruntime artifacts cannot contain{hint}; "
+                             f"{instead()}")
         vi = infos.get(name)
         if (vi is not None and vi.type.HasField("tensor_type")
                 and vi.type.tensor_type.elem_type not in FLOAT_TYPES and loss_name):

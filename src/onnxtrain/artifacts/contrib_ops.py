@@ -1,0 +1,267 @@
+"""Rewrite onnxruntime's fused ``com.microsoft`` ops as default-domain ops, so that a model optimized for
+inference trains.
+
+``onnxruntime.transformers.optimizer.optimize_model`` (and the ORT-format tooling) fuses a transformer's
+elementwise chains into contrib ops: ``BiasGelu``, ``FastGelu``, ``SkipLayerNormalization``, ... A model shipped
+that way has no standard-ONNX gradient, and artifacts may only hold default-domain ops. These ops are
+compositions of standard ones, written here in the form torch exports them, so that onnxruntime fuses them
+again when it runs the training graph (its GeluFusion, LayerNormFusion) and the backward passes recognise them
+(``GeluBackward``):
+
+- ``Gelu(x)``: ``0.5 x (1 + erf(x / sqrt 2))``; ``BiasGelu(x, b)``: the same of ``x + b``;
+- ``FastGelu(x[, b])``: ``0.5 y (1 + tanh(sqrt(2 / pi) (y + 0.044715 y^3)))``, ``y = x + b``;
+- ``QuickGelu(x)``: ``x sigmoid(alpha x)``;
+- ``LayerNormalization`` (onnxruntime's, which its optimizer writes in the default domain below opset 17, where
+  the standard has none): the standard op from opset 17, its equations before;
+- ``SkipLayerNormalization(x, skip, gamma[, beta[, bias]])``: ``s = x + skip + bias``, LayerNormalization of
+  ``s`` over the last axis; its optional outputs (mean, inverse standard deviation, ``s``) too;
+- ``SimplifiedLayerNormalization(x, gamma)`` (RMSNorm over the last axis; in the default domain too) and
+  ``SkipSimplifiedLayerNormalization(x, skip, gamma[, bias])``, when their statistics outputs are not read;
+- ``FusedMatMul(a, b)``: ``alpha (a' @ b')``, the last two axes of ``a``, ``b`` swapped where ``transA``,
+  ``transB`` say (not the batch-transposing variants).
+
+Other contrib ops (``Attention``, ``MultiHeadAttention``, ``EmbedLayerNormalization``, quantized ones, ...) are
+left as they are; ``detach_foreign_ops`` then names them, with what to do (train the model as exported, before
+the optimizer fused it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxtrain.ir.passes import clone, declare_as_inputs, default_opset, fresh_name, used_names
+from onnxtrain.ir.types import TensorInfo, infer_tensor_info, np_dtype
+
+__all__ = ["lower_contrib_ops", "CONTRIB", "LOWERED"]
+
+CONTRIB = "com.microsoft"
+
+
+class _Emit:
+    """The default-domain nodes that replace one contrib node, with fresh value names."""
+
+    def __init__(self, node: onnx.NodeProto, taken: set[str], opset: int, infos: dict[str, TensorInfo]):
+        self.node, self.taken, self.opset, self.infos = node, taken, opset, infos
+        self.prefix = node.name or node.output[0]
+        self.nodes: list[onnx.NodeProto] = []
+        x = infos.get(node.input[0])
+        self.dtype = np_dtype(x.elem_type) if x is not None and x.is_float else np.dtype(np.float32)
+
+    def name(self, suffix: str) -> str:
+        out = fresh_name(f"{self.prefix}/{suffix}", self.taken)
+        self.taken.add(out)
+        return out
+
+    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
+        out = out or self.name(op_type)
+        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=self.name(op_type), **attrs))
+        return out
+
+    def const(self, value: float) -> str:
+        return self.op("Constant", value=onnx.numpy_helper.from_array(np.asarray(value, self.dtype)))
+
+    def ints(self, values: list[int]) -> str:
+        return self.op("Constant", value=onnx.numpy_helper.from_array(np.asarray(values, np.int64)))
+
+    def mean_last(self, x: str) -> str:
+        """ReduceMean over the last axis, kept."""
+        if self.opset >= 18:
+            return self.op("ReduceMean", x, self.ints([-1]), keepdims=1)
+        return self.op("ReduceMean", x, axes=[-1], keepdims=1)
+
+    def rank(self, x: str) -> int | None:
+        info = self.infos.get(x)
+        return None if info is None else info.rank
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _outputs(node: onnx.NodeProto) -> list[str]:
+    return [*node.output, "", "", "", ""][:4]
+
+
+def _optional(node: onnx.NodeProto, i: int) -> str:
+    return node.input[i] if len(node.input) > i else ""
+
+
+def _gelu_of(e: _Emit, x: str, out: str) -> None:
+    """0.5 x (1 + erf(x / sqrt 2)), as torch exports the erf GELU."""
+    f = e.op("Add", e.op("Erf", e.op("Div", x, e.const(math.sqrt(2.0)))), e.const(1.0))
+    e.op("Mul", e.op("Mul", x, f), e.const(0.5), out=out)
+
+
+def _gelu(e: _Emit, node: onnx.NodeProto) -> bool:
+    _gelu_of(e, node.input[0], node.output[0])
+    return True
+
+
+def _bias_gelu(e: _Emit, node: onnx.NodeProto) -> bool:
+    _gelu_of(e, e.op("Add", node.input[0], node.input[1]), node.output[0])
+    return True
+
+
+def _fast_gelu(e: _Emit, node: onnx.NodeProto) -> bool:
+    y = node.input[0]
+    if _optional(node, 1):
+        y = e.op("Add", y, node.input[1])
+    cube = e.op("Mul", e.op("Mul", y, y), y)
+    inner = e.op("Mul", e.op("Add", y, e.op("Mul", cube, e.const(0.044715))), e.const(math.sqrt(2.0 / math.pi)))
+    half = e.op("Mul", y, e.const(0.5))
+    e.op("Mul", half, e.op("Add", e.op("Tanh", inner), e.const(1.0)), out=node.output[0])
+    return True
+
+
+def _quick_gelu(e: _Emit, node: onnx.NodeProto) -> bool:
+    alpha = float(_attrs(node).get("alpha", 1.702))
+    x = node.input[0]
+    e.op("Mul", x, e.op("Sigmoid", e.op("Mul", x, e.const(alpha))), out=node.output[0])
+    return True
+
+
+def _layer_norm_of(e: _Emit, s: str, gamma: str, beta: str, epsilon: float, outs: list[str]) -> None:
+    """LayerNormalization of ``s`` over its last axis into ``outs`` (Y, Mean, InvStdDev; "" where not wanted)."""
+    if e.opset >= 17:
+        inputs = [s, gamma] + ([beta] if beta else [])
+        while outs and not outs[-1]:
+            outs = outs[:-1]
+        e.nodes.append(helper.make_node("LayerNormalization", inputs, outs, name=e.name("LayerNormalization"),
+                                        axis=-1, epsilon=epsilon))
+        return
+    mean = e.mean_last(s)
+    d = e.op("Sub", s, mean)
+    inv_std = e.op("Reciprocal", e.op("Sqrt", e.op("Add", e.mean_last(e.op("Mul", d, d)), e.const(epsilon))))
+    y = e.op("Mul", e.op("Mul", d, inv_std), gamma, out=None if beta else outs[0])
+    if beta:
+        e.op("Add", y, beta, out=outs[0])
+    for out, value in zip(outs[1:3], (mean, inv_std)):
+        if out:
+            e.op("Identity", value, out=out)
+
+
+def _layer_norm(e: _Emit, node: onnx.NodeProto) -> bool:
+    a = _attrs(node)
+    rank = e.rank(node.input[0])
+    axis = int(a.get("axis", -1))
+    if axis != -1 and (rank is None or axis != rank - 1):
+        return False
+    _layer_norm_of(e, node.input[0], node.input[1], _optional(node, 2), float(a.get("epsilon", 1e-5)),
+                   _outputs(node)[:3])
+    return True
+
+
+def _skip_sum(e: _Emit, node: onnx.NodeProto, bias_index: int, out: str) -> str:
+    s = e.op("Add", node.input[0], node.input[1], out=None if _optional(node, bias_index) else (out or None))
+    if _optional(node, bias_index):
+        s = e.op("Add", s, node.input[bias_index], out=out or None)
+    return s
+
+
+def _skip_layer_norm(e: _Emit, node: onnx.NodeProto) -> bool:
+    y, mean, inv_std, total = _outputs(node)
+    s = _skip_sum(e, node, 4, total)
+    _layer_norm_of(e, s, node.input[2], _optional(node, 3), float(_attrs(node).get("epsilon", 1e-12)),
+                   [y, mean, inv_std])
+    return True
+
+
+def _rms_norm_of(e: _Emit, x: str, gamma: str, epsilon: float, out: str) -> None:
+    rms = e.op("Sqrt", e.op("Add", e.mean_last(e.op("Mul", x, x)), e.const(epsilon)))
+    e.op("Mul", e.op("Div", x, rms), gamma, out=out)
+
+
+def _simplified_layer_norm(e: _Emit, node: onnx.NodeProto) -> bool:
+    a = _attrs(node)
+    rank = e.rank(node.input[0])
+    axis = int(a.get("axis", -1))
+    if any(_outputs(node)[1:]) or (axis != -1 and (rank is None or axis != rank - 1)):
+        return False
+    _rms_norm_of(e, node.input[0], node.input[1], float(a.get("epsilon", 1e-5)), node.output[0])
+    return True
+
+
+def _skip_simplified_layer_norm(e: _Emit, node: onnx.NodeProto) -> bool:
+    y, mean, inv_std, total = _outputs(node)
+    if mean or inv_std:
+        return False
+    s = _skip_sum(e, node, 3, total)
+    _rms_norm_of(e, s, node.input[2], float(_attrs(node).get("epsilon", 1e-12)), y)
+    return True
+
+
+def _fused_matmul(e: _Emit, node: onnx.NodeProto) -> bool:
+    a = _attrs(node)
+    if a.get("transBatchA", 0) or a.get("transBatchB", 0):
+        return False
+    operands = []
+    for x, flag in ((node.input[0], a.get("transA", 0)), (node.input[1], a.get("transB", 0))):
+        if flag:
+            rank = e.rank(x)
+            if rank is None or rank < 2:
+                return False
+            x = e.op("Transpose", x, perm=[*range(rank - 2), rank - 1, rank - 2])
+        operands.append(x)
+    alpha = float(a.get("alpha", 1.0))
+    if alpha == 1.0:
+        e.op("MatMul", *operands, out=node.output[0])
+    else:
+        e.op("Mul", e.op("MatMul", *operands), e.const(alpha), out=node.output[0])
+    return True
+
+
+_LOWERINGS: dict[str, Callable[[_Emit, onnx.NodeProto], bool]] = {
+    "Gelu": _gelu, "BiasGelu": _bias_gelu, "FastGelu": _fast_gelu, "QuickGelu": _quick_gelu,
+    "LayerNormalization": _layer_norm, "SkipLayerNormalization": _skip_layer_norm,
+    "SimplifiedLayerNormalization": _simplified_layer_norm,
+    "SkipSimplifiedLayerNormalization": _skip_simplified_layer_norm, "FusedMatMul": _fused_matmul,
+}
+LOWERED = tuple(_LOWERINGS)
+
+
+def lower_contrib_ops(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -> list[str]:
+    """Replace, in place, the onnxruntime-only nodes above (cases in the module docstring) by default-domain
+    nodes; returns the op types replaced."""
+    graph = model.graph
+    opset = default_opset(model) or 17
+    lowered: list[str] = []
+    # ONNX inference stops at contrib ops it has no schema for: a rank a rewrite needs (FusedMatMul's transpose)
+    # may be known only once the ops before it are rewritten, so rewrite in rounds
+    for _ in range(_ROUNDS):
+        if not any(_lowerable(n, opset) for n in graph.node):
+            break
+        view = clone(model)
+        declare_as_inputs(view, weights)
+        infos = infer_tensor_info(view)  # element types (constants) and ranks (transposes)
+        taken = used_names(graph) | set(weights)
+        nodes, before = [], len(lowered)
+        for node in graph.node:
+            emit = _Emit(node, taken, opset, infos)
+            if _lowerable(node, opset) and _LOWERINGS[node.op_type](emit, node):
+                nodes += emit.nodes
+                lowered.append(node.op_type)
+            else:
+                nodes.append(node)
+        del graph.node[:]
+        graph.node.extend(nodes)
+        if len(lowered) == before:
+            break
+    return lowered
+
+
+_ROUNDS = 3
+
+# onnxruntime registers these two in the default domain, where the ONNX standard has no such op (LayerNormalization
+# before opset 17): its optimizer writes them there for a model of an older opset
+_DEFAULT_DOMAIN = {"LayerNormalization": 17, "SimplifiedLayerNormalization": 10**6}
+
+
+def _lowerable(node: onnx.NodeProto, opset: int) -> bool:
+    if node.domain == CONTRIB:
+        return node.op_type in _LOWERINGS
+    return node.domain in ("", "ai.onnx") and opset < _DEFAULT_DOMAIN.get(node.op_type, 0)

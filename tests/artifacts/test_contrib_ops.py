@@ -1,0 +1,164 @@
+"""onnxruntime's fused contrib ops rewritten as standard ops: the same values as onnxruntime's own kernels, and a
+BERT optimized by onnxruntime.transformers trains like the model it was optimized from."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxtrain.artifacts.contrib_ops import CONTRIB, lower_contrib_ops
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((2, 3, 8)).astype(np.float32)
+SKIP = RNG.standard_normal((2, 3, 8)).astype(np.float32)
+VEC = {name: RNG.standard_normal(8).astype(np.float32) for name in ("gamma", "beta", "bias")}
+MAT = RNG.standard_normal((8, 8)).astype(np.float32)
+
+# onnxruntime registers these in the default domain (LayerNormalization below opset 17, where ONNX has none)
+ORT_DEFAULT_DOMAIN = ("LayerNormalization", "SimplifiedLayerNormalization")
+
+CASES = {
+    "Gelu": (["x"], {}, 1),
+    "BiasGelu": (["x", "bias"], {}, 1),
+    "FastGelu": (["x", "bias"], {}, 1),
+    "FastGelu_no_bias": (["x"], {}, 1),
+    "QuickGelu": (["x"], {"alpha": 1.5}, 1),
+    "LayerNormalization": (["x", "gamma", "beta"], {"epsilon": 1e-5, "axis": -1}, 1),
+    "SkipLayerNormalization": (["x", "skip", "gamma", "beta", "bias"], {"epsilon": 1e-5}, 4),
+    "SkipLayerNormalization_no_beta": (["x", "skip", "gamma"], {"epsilon": 1e-5}, 1),
+    "SimplifiedLayerNormalization": (["x", "gamma"], {"epsilon": 1e-5, "axis": -1}, 1),
+    "SkipSimplifiedLayerNormalization": (["x", "skip", "gamma", "", "bias"], {"epsilon": 1e-5}, 1),
+    "FusedMatMul": (["x", "w"], {"transB": 1, "alpha": 0.5}, 1),
+}
+
+
+def _model(op_type: str, inputs: list[str], attrs: dict, outputs: int, opset: int) -> onnx.ModelProto:
+    if op_type == "SkipSimplifiedLayerNormalization":
+        inputs = ["x", "skip", "gamma", "bias"]
+    names = [f"y{i}" for i in range(outputs)]
+    if op_type == "SkipLayerNormalization" and outputs == 4:
+        names = ["y0", "mean", "inv_std", "sum"]
+    domain = "" if op_type in ORT_DEFAULT_DOMAIN else CONTRIB
+    node = helper.make_node(op_type, inputs, names, domain=domain, **attrs)
+    consts = {"gamma": VEC["gamma"], "beta": VEC["beta"], "bias": VEC["bias"], "w": MAT}
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3, 8]) for n in ("x", "skip")
+                      if n in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, None, None]) for n in names],
+        [numpy_helper.from_array(v, k) for k, v in consts.items() if k in inputs])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(CONTRIB, 1)],
+                             ir_version=8)
+
+
+def _run(model: onnx.ModelProto) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"x": X, "skip": SKIP}
+    return session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
+
+
+@pytest.mark.parametrize("opset", [14, 17])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_contrib_op_rewritten_computes_what_onnxruntime_computes(case, opset):
+    op_type = case.split("_")[0]
+    inputs, attrs, outputs = CASES[case]
+    model = _model(op_type, inputs, attrs, outputs, opset)
+    expected = _run(model)
+    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    lowered = onnx.ModelProto()
+    lowered.CopyFrom(model)
+    if op_type == "LayerNormalization" and opset >= 17:   # the standard op: nothing to rewrite
+        assert lower_contrib_ops(lowered, weights) == []
+        return
+    assert lower_contrib_ops(lowered, weights) == [op_type]
+    assert all(n.domain in ("", "ai.onnx") for n in lowered.graph.node)
+    del lowered.opset_import[1:]
+    onnx.checker.check_model(lowered, full_check=True)
+    for got, want in zip(_run(lowered), expected):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_statistics_outputs_of_rms_norm_are_not_guessed():
+    """SimplifiedLayerNormalization's inverse standard deviation output, when read, keeps the node as it is."""
+    model = _model("SimplifiedLayerNormalization", ["x", "gamma"], {"epsilon": 1e-5}, 2, 17)
+    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert lower_contrib_ops(model, weights) == []
+    assert [n.op_type for n in model.graph.node] == ["SimplifiedLayerNormalization"]
+
+
+def test_an_ort_optimized_bert_trains_like_the_model_it_was_optimized_from(tmp_path):
+    """onnxruntime.transformers.optimize_model fuses a BERT's LayerNorms and GELUs (SkipLayerNormalization,
+    BiasGelu): the artifacts of the optimized file give the loss and gradients of the exported one."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxruntime.transformers.optimizer")
+    from tests.zoo.vision import import_torchvision
+
+    import_torchvision()   # transformers imports torchvision when it is installed
+    transformers = pytest.importorskip("transformers")
+    from onnxruntime.transformers import optimizer
+
+    from onnxtrain import artifacts
+    from onnxtrain.api import CheckpointState, Module
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
+                                     intermediate_size=64, vocab_size=50, num_labels=3)
+    model = transformers.BertForSequenceClassification(config).eval()
+    with torch.no_grad():   # as trained weights are: no two tensors equal (a fresh model's zero biases are, and the
+        for p in model.parameters():   # optimizer stores equal initializers once)
+            p.normal_(0.0, 0.2)
+    exported = str(tmp_path / "bert.onnx")
+    torch.onnx.export(model, (torch.randint(0, 50, (2, 6)),), exported, dynamo=False, opset_version=17,
+                      input_names=["input_ids"], output_names=["logits"], do_constant_folding=False,
+                      dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch"}})
+    fused = optimizer.optimize_model(exported, model_type="bert", num_heads=4, hidden_size=32)
+    fused_path = str(tmp_path / "bert_fused.onnx")
+    fused.save_model_to_file(fused_path)
+    contrib = {n.op_type for n in onnx.load(fused_path).graph.node if n.domain == CONTRIB}
+    assert {"SkipLayerNormalization", "BiasGelu"} <= contrib
+
+    ids = np.random.default_rng(1).integers(0, 50, (3, 5)).astype(np.int64)
+    labels = np.array([0, 2, 1], np.int64)
+    results = []
+    for path, folder in ((exported, tmp_path / "plain"), (fused_path, tmp_path / "fused")):
+        artifacts.generate_artifacts(path, requires_grad=None, loss=artifacts.LossType.CrossEntropyLoss,
+                                     artifact_directory=folder)
+        training = onnx.load(str(folder / "training_model.onnx"))
+        assert all(n.domain in ("", "ai.onnx") for n in training.graph.node)
+        state = CheckpointState.load_checkpoint(folder / "checkpoint")
+        loss = float(Module(folder / "training_model.onnx", state)(ids, labels))
+        results.append((loss, {n: state.parameters[n].grad for n in state.parameters.keys()}))
+    (plain_loss, plain_grads), (fused_loss, fused_grads) = results
+    assert fused_loss == pytest.approx(plain_loss, rel=1e-5)
+    assert len(fused_grads) == len(plain_grads)
+    # the optimizer folds the weights' transposes into new initializers (new names): match by value
+
+    def same(a, b):
+        return a.shape == b.shape and np.allclose(a, b, rtol=1e-3, atol=1e-5)
+
+    for name, grad in fused_grads.items():
+        if name in plain_grads:
+            assert same(grad, plain_grads[name]), name
+        else:
+            assert any(same(grad, g) or same(grad.T, g) for g in plain_grads.values()), name
+
+
+def test_a_fused_op_without_a_rewrite_is_named_with_what_to_do(tmp_path):
+    """An output computed by a contrib op onnxtrain does not rewrite (here Attention): the error names it and says
+    to train the model as exported, or to optimize it with that fusion off."""
+    from onnxtrain import artifacts
+
+    w = numpy_helper.from_array(RNG.standard_normal((8, 24)).astype(np.float32), "qkv_weight")
+    nodes = [helper.make_node("Attention", ["x", "qkv_weight"], ["context"], domain=CONTRIB, num_heads=2),
+             helper.make_node("ReduceMean", ["context"], ["logits"], axes=[1], keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 8])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(CONTRIB, 1)],
+                              ir_version=8)
+    with pytest.raises(ValueError, match=r"com.microsoft::Attention.*onnxruntime's optimizer.*before the "
+                                         r"optimizer"):
+        artifacts.generate_artifacts(model, requires_grad=None, loss=artifacts.LossType.CrossEntropyLoss,
+                                     artifact_directory=tmp_path)
