@@ -83,6 +83,8 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
         if not new:
             break
         solved.update(new)
+        # declared with the symbols of the inference they came from: ONNX makes its fresh symbols avoid the
+        # declared ones, so none is given to another dimension
         infos = _infer_declared(model, solved)
     return infos
 
