@@ -162,3 +162,86 @@ def test_a_fused_op_without_a_rewrite_is_named_with_what_to_do(tmp_path):
                                          r"optimizer"):
         artifacts.generate_artifacts(model, requires_grad=None, loss=artifacts.LossType.CrossEntropyLoss,
                                      artifact_directory=tmp_path)
+
+
+@pytest.mark.parametrize("activation,params", [("Relu", []), ("LeakyRelu", [0.2]), ("Clip", [-0.5, 0.5]),
+                                               ("HardSigmoid", [0.3, 0.4]), ("Sigmoid", []), ("Tanh", [])])
+@pytest.mark.parametrize("with_z", [False, True])
+def test_a_session_fused_convolution_rewritten_computes_what_onnxruntime_computes(activation, params, with_z):
+    """FusedConv, which onnxruntime's extended optimizations write into a saved optimized model."""
+    x = RNG.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    z = RNG.standard_normal((2, 4, 3, 3)).astype(np.float32)
+    inits = [numpy_helper.from_array(RNG.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(RNG.standard_normal(4).astype(np.float32), "b")]
+    attrs = {"activation": activation, "strides": [2, 2], "pads": [1, 1, 1, 1], "kernel_shape": [3, 3]}
+    if params:
+        attrs["activation_params"] = params
+    node = helper.make_node("FusedConv", ["x", "w", "b", "z"] if with_z else ["x", "w", "b"], ["y"], domain=CONTRIB,
+                            **attrs)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 6, 6])]
+    if with_z:
+        inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 4, 3, 3]))
+    graph = helper.make_graph([node], "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 4)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(CONTRIB, 1)],
+                              ir_version=8)
+    feeds = {"x": x, "z": z} if with_z else {"x": x}
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert lower_contrib_ops(model, {i.name: numpy_helper.to_array(i) for i in graph.initializer}) == ["FusedConv"]
+    del model.opset_import[1:]
+    onnx.checker.check_model(model, full_check=True)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_fused_gemm_rewritten_computes_what_onnxruntime_computes():
+    a = RNG.standard_normal((5, 4)).astype(np.float32)
+    inits = [numpy_helper.from_array(RNG.standard_normal((3, 4)).astype(np.float32), "w"),
+             numpy_helper.from_array(RNG.standard_normal(3).astype(np.float32), "c")]
+    node = helper.make_node("FusedGemm", ["a", "w", "c"], ["y"], domain=CONTRIB, transB=1, alpha=0.5, beta=2.0,
+                            activation="LeakyRelu", activation_alpha=0.1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, None])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(CONTRIB, 1)],
+                              ir_version=8)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})
+    assert lower_contrib_ops(model, {i.name: numpy_helper.to_array(i) for i in graph.initializer}) == ["FusedGemm"]
+    del model.opset_import[1:]
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_cnn_saved_by_an_optimizing_session_trains_like_the_exported_one(tmp_path):
+    """A model saved with SessionOptions.optimized_model_filepath (extended optimizations: FusedConv) gives the
+    loss and gradients of the model it came from."""
+    torch = pytest.importorskip("torch")
+    from onnxtrain import artifacts
+    from onnxtrain.api import CheckpointState, Module
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 8, 3, stride=2), torch.nn.ReLU6(), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 3 * 3, 4)).eval()
+    exported = str(tmp_path / "cnn.onnx")
+    torch.onnx.export(net, (torch.randn(1, 3, 8, 8),), exported, dynamo=False, input_names=["x"],
+                      output_names=["y"], dynamic_axes={"x": {0: "n"}})
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "cnn_fused.onnx")
+    ort.InferenceSession(exported, options, providers=["CPUExecutionProvider"])
+    assert "FusedConv" in {n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node}
+
+    x = np.random.default_rng(2).standard_normal((3, 3, 8, 8)).astype(np.float32)
+    labels = np.array([0, 3, 1], np.int64)
+    results = []
+    for path, folder in ((exported, tmp_path / "plain"), (options.optimized_model_filepath, tmp_path / "fused")):
+        artifacts.generate_artifacts(path, requires_grad=None, loss=artifacts.LossType.CrossEntropyLoss,
+                                     artifact_directory=folder)
+        state = CheckpointState.load_checkpoint(folder / "checkpoint")
+        loss = float(Module(folder / "training_model.onnx", state)(x, labels))
+        results.append((loss, {n: state.parameters[n].grad for n in state.parameters.keys()}))
+    (plain_loss, plain_grads), (fused_loss, fused_grads) = results
+    assert fused_loss == pytest.approx(plain_loss, rel=1e-5)
+    assert plain_grads.keys() == fused_grads.keys()
+    for name in plain_grads:
+        np.testing.assert_allclose(fused_grads[name], plain_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)

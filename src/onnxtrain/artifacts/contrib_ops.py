@@ -1,8 +1,9 @@
 """Rewrite onnxruntime's fused ``com.microsoft`` ops as default-domain ops, so that a model optimized for
 inference trains.
 
-``onnxruntime.transformers.optimizer.optimize_model`` (and the ORT-format tooling) fuses a transformer's
-elementwise chains into contrib ops: ``BiasGelu``, ``FastGelu``, ``SkipLayerNormalization``, ... A model shipped
+``onnxruntime.transformers.optimizer.optimize_model`` fuses a transformer's elementwise chains into contrib ops
+(``BiasGelu``, ``FastGelu``, ``SkipLayerNormalization``, ...), and a session's extended optimizations, saved with
+``SessionOptions.optimized_model_filepath``, a convolution with its activation (``FusedConv``). A model shipped
 that way has no standard-ONNX gradient, and artifacts may only hold default-domain ops. These ops are
 compositions of standard ones, written here in the form torch exports them, so that onnxruntime fuses them
 again when it runs the training graph (its GeluFusion, LayerNormFusion) and the backward passes recognise them
@@ -18,7 +19,9 @@ again when it runs the training graph (its GeluFusion, LayerNormFusion) and the 
 - ``SimplifiedLayerNormalization(x, gamma)`` (RMSNorm over the last axis; in the default domain too) and
   ``SkipSimplifiedLayerNormalization(x, skip, gamma[, bias])``, when their statistics outputs are not read;
 - ``FusedMatMul(a, b)``: ``alpha (a' @ b')``, the last two axes of ``a``, ``b`` swapped where ``transA``,
-  ``transB`` say (not the batch-transposing variants).
+  ``transB`` say (not the batch-transposing variants);
+- ``FusedConv`` and ``FusedGemm``, which a session's own optimizations write into a saved optimized model (a
+  convolution or Gemm, plus ``Z``, then Relu, Tanh, Sigmoid, LeakyRelu, HardSigmoid or Clip).
 
 Other contrib ops (``Attention``, ``MultiHeadAttention``, ``EmbedLayerNormalization``, quantized ones, ...) are
 left as they are; ``detach_foreign_ops`` then names them, with what to do (train the model as exported, before
@@ -80,7 +83,9 @@ class _Emit:
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    """The node's attributes, strings decoded."""
+    values = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return {k: v.decode() if isinstance(v, bytes) else v for k, v in values.items()}
 
 
 def _outputs(node: onnx.NodeProto) -> list[str]:
@@ -215,7 +220,51 @@ def _fused_matmul(e: _Emit, node: onnx.NodeProto) -> bool:
     return True
 
 
+def _activation(e: _Emit, kind: str, params: list[float], x: str, out: str) -> bool:
+    """onnxruntime's fused activation ``kind`` (MLAS's set) of ``x`` into ``out``; False for an unknown one."""
+    if kind in ("Relu", "Tanh", "Sigmoid"):
+        e.op(kind, x, out=out)
+    elif kind == "LeakyRelu":
+        e.op("LeakyRelu", x, out=out, alpha=params[0] if params else 0.01)
+    elif kind == "HardSigmoid":
+        alpha, beta = (params + [0.2, 0.5][len(params):])[:2]
+        e.op("HardSigmoid", x, out=out, alpha=alpha, beta=beta)
+    elif kind == "Clip" and len(params) == 2:
+        e.op("Clip", x, e.const(params[0]), e.const(params[1]), out=out)
+    else:
+        return False
+    return True
+
+
+_FUSED_ACTIVATIONS = ("Relu", "Tanh", "Sigmoid", "LeakyRelu", "HardSigmoid", "Clip")
+
+
+def _fused_conv(e: _Emit, node: onnx.NodeProto) -> bool:
+    """onnxruntime's Conv (+ Z) + activation."""
+    a = _attrs(node)
+    kind = a.pop("activation", "")
+    params = [float(v) for v in a.pop("activation_params", [])]
+    if kind not in _FUSED_ACTIVATIONS or (kind == "Clip" and len(params) != 2):
+        return False
+    y = e.op("Conv", *node.input[:3], **a)
+    if _optional(node, 3):
+        y = e.op("Add", y, node.input[3])
+    return _activation(e, kind, params, y, node.output[0])
+
+
+def _fused_gemm(e: _Emit, node: onnx.NodeProto) -> bool:
+    """onnxruntime's Gemm + activation."""
+    a = _attrs(node)
+    kind = a.get("activation", "")
+    params = [float(a[k]) for k in ("activation_alpha", "activation_beta") if k in a]
+    if kind not in _FUSED_ACTIVATIONS or kind == "Clip":
+        return False
+    gemm = {k: a[k] for k in ("alpha", "beta", "transA", "transB") if k in a}
+    return _activation(e, kind, params, e.op("Gemm", *node.input, **gemm), node.output[0])
+
+
 _LOWERINGS: dict[str, Callable[[_Emit, onnx.NodeProto], bool]] = {
+    "FusedConv": _fused_conv, "FusedGemm": _fused_gemm,
     "Gelu": _gelu, "BiasGelu": _bias_gelu, "FastGelu": _fast_gelu, "QuickGelu": _quick_gelu,
     "LayerNormalization": _layer_norm, "SkipLayerNormalization": _skip_layer_norm,
     "SimplifiedLayerNormalization": _simplified_layer_norm,
