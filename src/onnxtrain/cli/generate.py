@@ -54,6 +54,8 @@ def add_parser(sub) -> None:
                    help=f"one of {', '.join(LOSSES)} (or the LossType name, e.g. CrossEntropyLoss)")
     g.add_argument("--reduction", choices=("mean", "sum"), default="mean", help="loss reduction (default mean)")
     g.add_argument("--ignore-index", type=int, help="cross-entropy / nll: label value that adds no loss")
+    g.add_argument("--class-axis", type=int, help="cross-entropy / nll: the scores' class axis (default 1; -1 for a "
+                   "language model's (batch, sequence, vocabulary) logits)")
     g.add_argument("--huber-delta", type=float, help="huber: the delta (default 1.0)")
     g.add_argument("--loss-inputs", nargs="+", metavar="NAME",
                    help="model values fed to the loss (default: the first model output)")
@@ -97,6 +99,10 @@ def loss_block(args: argparse.Namespace):
         if name not in ("cross-entropy", "nll"):
             raise CliError(f"--ignore-index applies to the cross-entropy and nll losses, not {name}")
         kwargs["ignore_index"] = args.ignore_index
+    if args.class_axis is not None:
+        if name not in ("cross-entropy", "nll"):
+            raise CliError(f"--class-axis applies to the cross-entropy and nll losses, not {name}")
+        kwargs["class_axis"] = args.class_axis
     if args.huber_delta is not None:
         if name != "huber":
             raise CliError(f"--huber-delta applies to the huber loss, not {name}")
