@@ -30,7 +30,7 @@ from onnxtrain.autodiff.shape import shape_of
 from onnxtrain.autodiff.subgraph import infer_infos
 from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import clone, constant_values, implicit_inputs, prune_nodes
+from onnxtrain.ir.passes import clone, constant_values, has_subgraphs, implicit_inputs, prune_nodes
 from onnxtrain.ir.types import TensorInfo, value_info
 
 __all__ = ["scan", "loop"]
@@ -72,16 +72,23 @@ def _save_inputs(ctx: GradContext, body_inputs: Sequence[int], infos: Sequence[T
     """Make the forward loop stack the values of ``body_inputs`` each iteration starts from (more scan
     outputs, axis 0, in iteration order) and return the stacked outputs' names."""
     body = _body(ctx.node)
+    return _save_values(ctx, [body.input[i].name for i in body_inputs], infos)
+
+
+def _save_values(ctx: GradContext, values: Sequence[str], infos: Sequence[TensorInfo | None]) -> list[str]:
+    """Make the forward loop stack ``values`` of its body each iteration (more scan outputs, axis 0, in
+    iteration order) and return the stacked outputs' names."""
+    body = _body(ctx.node)
     saved = []
-    for i, info in zip(body_inputs, infos):
-        name = ctx.b.unique(f"{body.input[i].name}_saved")
-        body.node.append(helper.make_node("Identity", [body.input[i].name], [name], name=name))
+    for value, info in zip(values, infos):
+        name = ctx.b.unique(f"{value}_saved")
+        body.node.append(helper.make_node("Identity", [value], [name], name=name))
         body.output.append(value_info(name, info))
-        saved.append(ctx.forward_output(len(ctx.node.output), f"{body.input[i].name}_stacked"))
+        saved.append(ctx.forward_output(len(ctx.node.output), f"{value}_stacked"))
     for key in ("scan_output_axes", "scan_output_directions"):   # 0 for the new outputs: axis 0, forward
         attr = next((a for a in ctx.node.attribute if a.name == key), None)
         if attr is not None:
-            attr.ints.extend([0] * len(body_inputs))
+            attr.ints.extend([0] * len(values))
     return saved
 
 
@@ -120,6 +127,13 @@ def _reverse_scan(ctx: GradContext, body: onnx.GraphProto, step: Step) -> tuple[
     def grad_or_zeros(x: str) -> str:
         return grads.get(x) or sub.zeros_like(x, infos[x].elem_type)
 
+    # The activations the step's vector-Jacobian product reads are stacked by the forward loop, not recomputed
+    # by the backward one: each is one small node per step less there, and what only computed them goes too.
+    kept = _kept_activations(nodes, sub.nodes, infos)
+    kept_stacks = _save_values(ctx, [v[len(prefix):] for v in kept], [infos.get(v) for v in kept])
+    dropped = set(kept)
+    nodes = [n for n in nodes if not dropped.intersection(n.output)]
+
     # A captured weight's gradient that is a product u_t^T q_t each step (a MatMul's weight gradient) is not summed
     # in the loop, a GEMM with the batch as inner dimension per step, but stacked: after the loop one GEMM over
     # every step's rows computes the sum.
@@ -141,14 +155,16 @@ def _reverse_scan(ctx: GradContext, body: onnx.GraphProto, step: Step) -> tuple[
         [*(value_info(d, info) for d, info in zip(d_carried, carried_info)),
          *(value_info(d, ctx.infos.get(c)) for d, c in zip(d_summed, summed)),
          *(value_info(x, info) for x, info in zip(fed, step.infos)),
-         *(value_info(d, infos.get(outs[j])) for d, (j, *_) in zip(d_scanned, step.scanned))],
+         *(value_info(d, infos.get(outs[j])) for d, (j, *_) in zip(d_scanned, step.scanned)),
+         *(value_info(v, infos.get(v)) for v in kept)],
         [*(value_info(o, infos.get(x)) for o, x in zip(outputs, [*(ins[i] for i, _, _ in step.carried), *summed,
                                                                    *(ins[i] for i, _, _ in step.stacked)])),
          *(value_info(o, info) for o, info in zip(outputs[len(results):], factor_infos))],
         initializer=[*inits, *sub.initializers])
 
     # The backward Scan runs forward over stacks put in backward order (onnx.reference's Scan knows no other).
-    scanned_in = [*((v, v, a, d) for v, a, d in step.feeds), *((g, y, a, d) for _, y, g, a, d in step.scanned)]
+    scanned_in = [*((v, v, a, d) for v, a, d in step.feeds), *((g, y, a, d) for _, y, g, a, d in step.scanned),
+                  *((v, v, 0, 0) for v in kept_stacks)]
     initial = [*(g for _, _, g in step.carried), *(ctx.b.zeros_like(c, ctx.elem_type(c)) for c in summed)]
     stacks = [_backward_order(ctx, v, like, a, d) for v, like, a, d in scanned_in]
     if not step.may_be_empty:
@@ -168,6 +184,20 @@ def _reverse_scan(ctx: GradContext, body: onnx.GraphProto, step: Step) -> tuple[
         else:
             d_outer[c] = ctx.b.reduce("ReduceSum", _rows(ctx, next(stacked_factors)), [0], keepdims=False)
     return result[:k], stacked, d_outer
+
+
+# Ops whose output a backward step reads rather than recomputes: the activations (and products) of a step
+_KEPT_OPS = frozenset({"Sigmoid", "Tanh", "Relu", "Exp", "Erf", "Softplus", "Softsign", "HardSigmoid", "LeakyRelu",
+                       "Elu", "Log", "Sqrt", "Reciprocal", "Softmax", "MatMul", "Gemm"})
+
+
+def _kept_activations(forward: list[onnx.NodeProto], backward: list[onnx.NodeProto],
+                      infos: dict[str, TensorInfo]) -> list[str]:
+    """The outputs of the step's forward nodes of :data:`_KEPT_OPS` (one output each) that its backward nodes
+    read, whose type is known, in forward order."""
+    read = {x for n in backward for x in n.input}
+    return [n.output[0] for n in forward if n.op_type in _KEPT_OPS and n.domain in ("", "ai.onnx")
+            and len(n.output) == 1 and n.output[0] in read and n.output[0] in infos and not has_subgraphs(n)]
 
 
 def _per_step_sums(nodes: list[onnx.NodeProto], grads: dict[str, str | None], captured: list[str],
