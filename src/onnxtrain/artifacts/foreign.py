@@ -83,7 +83,7 @@ def detach_foreign_ops(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -
             cause.update((o, source) for o in node.output if o)
     removed = {o.name: f"{_describe(graph, o.name)} made by {cause[o.name].domain}::{cause[o.name].op_type} "
                        f"(node {cause[o.name].name!r})" for o in graph.output if o.name in cause}
-    made_by_kept = {o for n in kept for o in n.output}
+    made_by_kept = {o for n in kept if n.op_type != "Constant" for o in n.output}   # a constant is no loss input
     removed_nodes = [n for n in graph.node if any(o in cause for o in n.output)]
     read = list(dict.fromkeys(x for n in removed_nodes for x in node_inputs(n) if x in made_by_kept))
     if read:
