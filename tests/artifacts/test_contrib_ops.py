@@ -89,9 +89,13 @@ def test_statistics_outputs_of_rms_norm_are_not_guessed():
     assert [n.op_type for n in model.graph.node] == ["SimplifiedLayerNormalization"]
 
 
-def test_an_ort_optimized_bert_trains_like_the_model_it_was_optimized_from(tmp_path):
+@pytest.mark.parametrize("attention,fused", [("sdpa", {"SkipLayerNormalization", "BiasGelu"}),
+                                              ("eager", {"Attention", "EmbedLayerNormalization",
+                                                         "SkipLayerNormalization", "BiasGelu"})])
+def test_an_ort_optimized_bert_trains_like_the_model_it_was_optimized_from(attention, fused, tmp_path):
     """onnxruntime.transformers.optimize_model fuses a BERT's LayerNorms and GELUs (SkipLayerNormalization,
-    BiasGelu): the artifacts of the optimized file give the loss and gradients of the exported one."""
+    BiasGelu) and, from an eager-attention export, its attention and embeddings (Attention,
+    EmbedLayerNormalization): the artifacts of the optimized file give the loss and gradients of the exported one."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("onnxruntime.transformers.optimizer")
     from tests.zoo.vision import import_torchvision
@@ -106,21 +110,26 @@ def test_an_ort_optimized_bert_trains_like_the_model_it_was_optimized_from(tmp_p
     torch.manual_seed(0)
     config = transformers.BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4,
                                      intermediate_size=64, vocab_size=50, num_labels=3)
+    config._attn_implementation = attention
     model = transformers.BertForSequenceClassification(config).eval()
     with torch.no_grad():   # as trained weights are: no two tensors equal (a fresh model's zero biases are, and the
         for p in model.parameters():   # optimizer stores equal initializers once)
             p.normal_(0.0, 0.2)
     exported = str(tmp_path / "bert.onnx")
-    torch.onnx.export(model, (torch.randint(0, 50, (2, 6)),), exported, dynamo=False, opset_version=17,
-                      input_names=["input_ids"], output_names=["logits"], do_constant_folding=False,
-                      dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch"}})
-    fused = optimizer.optimize_model(exported, model_type="bert", num_heads=4, hidden_size=32)
+    axes = {"batch": 0, "sequence": 1}
+    torch.onnx.export(model, (torch.randint(0, 50, (2, 6)), torch.ones(2, 6, dtype=torch.int64)), exported,
+                      dynamo=False, opset_version=17, input_names=["input_ids", "attention_mask"],
+                      output_names=["logits"], do_constant_folding=False,
+                      dynamic_axes={"input_ids": {v: k for k, v in axes.items()},
+                                    "attention_mask": {v: k for k, v in axes.items()}, "logits": {0: "batch"}})
+    fused_model = optimizer.optimize_model(exported, model_type="bert", num_heads=4, hidden_size=32)
     fused_path = str(tmp_path / "bert_fused.onnx")
-    fused.save_model_to_file(fused_path)
-    contrib = {n.op_type for n in onnx.load(fused_path).graph.node if n.domain == CONTRIB}
-    assert {"SkipLayerNormalization", "BiasGelu"} <= contrib
+    fused_model.save_model_to_file(fused_path)
+    assert fused <= {n.op_type for n in onnx.load(fused_path).graph.node if n.domain == CONTRIB}
 
-    ids = np.random.default_rng(1).integers(0, 50, (3, 5)).astype(np.int64)
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 50, (3, 5))
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0]])
     labels = np.array([0, 2, 1], np.int64)
     results = []
     for path, folder in ((exported, tmp_path / "plain"), (fused_path, tmp_path / "fused")):
@@ -128,37 +137,42 @@ def test_an_ort_optimized_bert_trains_like_the_model_it_was_optimized_from(tmp_p
                                      artifact_directory=folder)
         training = onnx.load(str(folder / "training_model.onnx"))
         assert all(n.domain in ("", "ai.onnx") for n in training.graph.node)
+        types = {i.name: helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in training.graph.input}
         state = CheckpointState.load_checkpoint(folder / "checkpoint")
-        loss = float(Module(folder / "training_model.onnx", state)(ids, labels))
+        loss = float(Module(folder / "training_model.onnx", state)(ids.astype(types["input_ids"]),
+                                                                    mask.astype(types["attention_mask"]), labels))
         results.append((loss, {n: state.parameters[n].grad for n in state.parameters.keys()}))
     (plain_loss, plain_grads), (fused_loss, fused_grads) = results
     assert fused_loss == pytest.approx(plain_loss, rel=1e-5)
-    assert len(fused_grads) == len(plain_grads)
-    # the optimizer folds the weights' transposes into new initializers (new names): match by value
+    # the optimizer folds the weights' transposes into new initializers, and packs Q, K and V into one: match
+    # each optimized parameter's gradient with the exported ones' by value (a packed one: the three, side by side)
 
     def same(a, b):
         return a.shape == b.shape and np.allclose(a, b, rtol=1e-3, atol=1e-5)
 
+    plain = list(plain_grads.values())
     for name, grad in fused_grads.items():
         if name in plain_grads:
             assert same(grad, plain_grads[name]), name
-        else:
-            assert any(same(grad, g) or same(grad.T, g) for g in plain_grads.values()), name
+            continue
+        parts = np.split(grad, 3, axis=-1) if grad.shape[-1] % 3 == 0 else [grad]
+        for part in parts:
+            assert any(same(part, g) or same(part.T, g) for g in plain), name
 
 
 def test_a_fused_op_without_a_rewrite_is_named_with_what_to_do(tmp_path):
-    """An output computed by a contrib op onnxtrain does not rewrite (here Attention): the error names it and says
-    to train the model as exported, or to optimize it with that fusion off."""
+    """An output computed by a contrib op onnxtrain does not rewrite (here MultiHeadAttention): the error names it
+    and says to train the model as exported, or to optimize it with that fusion off."""
     from onnxtrain import artifacts
 
     w = numpy_helper.from_array(RNG.standard_normal((8, 24)).astype(np.float32), "qkv_weight")
-    nodes = [helper.make_node("Attention", ["x", "qkv_weight"], ["context"], domain=CONTRIB, num_heads=2),
+    nodes = [helper.make_node("MultiHeadAttention", ["x", "x", "x"], ["context"], domain=CONTRIB, num_heads=2),
              helper.make_node("ReduceMean", ["context"], ["logits"], axes=[1], keepdims=0)]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 8])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 8])], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(CONTRIB, 1)],
                               ir_version=8)
-    with pytest.raises(ValueError, match=r"com.microsoft::Attention.*onnxruntime's optimizer.*before the "
+    with pytest.raises(ValueError, match=r"com.microsoft::MultiHeadAttention.*onnxruntime's optimizer.*before the "
                                          r"optimizer"):
         artifacts.generate_artifacts(model, requires_grad=None, loss=artifacts.LossType.CrossEntropyLoss,
                                      artifact_directory=tmp_path)
@@ -245,3 +259,68 @@ def test_a_cnn_saved_by_an_optimizing_session_trains_like_the_exported_one(tmp_p
     assert plain_grads.keys() == fused_grads.keys()
     for name in plain_grads:
         np.testing.assert_allclose(fused_grads[name], plain_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def _contrib_model(nodes, inputs, outputs, inits, opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(CONTRIB, 1)],
+                             ir_version=8)
+
+
+def _lowered_matches(model, feeds, expected_ops, rtol=1e-5, atol=1e-5):
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert lower_contrib_ops(model, weights) == expected_ops
+    del model.opset_import[1:]
+    onnx.checker.check_model(model, full_check=True)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for g, w in zip(got, expected):
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("mask", [None, "lengths", "raw"])
+@pytest.mark.parametrize("unidirectional", [0, 1])
+def test_bert_attention_rewritten_computes_what_onnxruntime_computes(mask, unidirectional):
+    batch, seq, hidden, heads = 2, 5, 8, 2
+    x = RNG.standard_normal((batch, seq, hidden)).astype(np.float32)
+    inits = [numpy_helper.from_array(RNG.standard_normal((hidden, 3 * hidden)).astype(np.float32), "qkv_w"),
+             numpy_helper.from_array(RNG.standard_normal(3 * hidden).astype(np.float32), "qkv_b")]
+    feeds = {"x": x}
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", hidden])]
+    node_inputs = ["x", "qkv_w", "qkv_b"]
+    if mask == "lengths":
+        feeds["m"] = np.array([3, 5], np.int32)
+        inputs.append(helper.make_tensor_value_info("m", TensorProto.INT32, ["b"]))
+        node_inputs.append("m")
+    elif mask == "raw":
+        feeds["m"] = np.array([[1, 1, 0, 1, 0], [1, 1, 1, 1, 1]], np.int32)
+        inputs.append(helper.make_tensor_value_info("m", TensorProto.INT32, ["b", "s"]))
+        node_inputs.append("m")
+    node = helper.make_node("Attention", node_inputs, ["y"], domain=CONTRIB, num_heads=heads,
+                            unidirectional=unidirectional)
+    model = _contrib_model([node], inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 3)], inits)
+    _lowered_matches(model, feeds, ["Attention"])
+
+
+@pytest.mark.parametrize("segments", [False, True])
+def test_embed_layer_norm_rewritten_computes_what_onnxruntime_computes(segments):
+    batch, seq, hidden = 2, 5, 8
+    feeds = {"ids": RNG.integers(0, 20, (batch, seq)).astype(np.int32),
+             "mask": np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32)}
+    inits = [numpy_helper.from_array(RNG.standard_normal((20, hidden)).astype(np.float32), "word"),
+             numpy_helper.from_array(RNG.standard_normal((16, hidden)).astype(np.float32), "position"),
+             numpy_helper.from_array(RNG.standard_normal((2, hidden)).astype(np.float32), "segment"),
+             numpy_helper.from_array(RNG.standard_normal(hidden).astype(np.float32), "gamma"),
+             numpy_helper.from_array(RNG.standard_normal(hidden).astype(np.float32), "beta")]
+    inputs = [helper.make_tensor_value_info("ids", TensorProto.INT32, ["b", "s"]),
+              helper.make_tensor_value_info("mask", TensorProto.INT32, ["b", "s"])]
+    if segments:
+        feeds["seg"] = RNG.integers(0, 2, (batch, seq)).astype(np.int32)
+        inputs.append(helper.make_tensor_value_info("seg", TensorProto.INT32, ["b", "s"]))
+    node = helper.make_node("EmbedLayerNormalization",
+                            ["ids", "seg" if segments else "", "word", "position", "segment" if segments else "",
+                             "gamma", "beta", "mask"], ["y", "mask_index"], domain=CONTRIB, epsilon=1e-5)
+    model = _contrib_model([node], inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 3),
+                                            helper.make_tensor_value_info("mask_index", TensorProto.INT32, [None])],
+                           inits)
+    _lowered_matches(model, feeds, ["EmbedLayerNormalization"])

@@ -31,6 +31,18 @@ def test_rotary_inverse_frequencies_are_not_trained_by_default():
     assert "model.rotary_emb.inv_freq" not in plan.trainable
 
 
+def test_a_constant_a_tool_folded_into_an_initializer_is_not_trained_by_default():
+    """onnxruntime's optimizer turns Constant nodes into initializers (an attention mask's 0 and -inf) that keep
+    the TorchScript exporter's Constant output names: not parameters, unless named."""
+    graph = _rope_like()
+    graph.initializer.append(numpy_helper.from_array(np.zeros(1, np.float32), "/attention/Constant_3_output_0"))
+    graph.node.append(helper.make_node("Add", ["y", "/attention/Constant_3_output_0"], ["y2"]))
+    weights = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    assert "/attention/Constant_3_output_0" not in plan_parameters(graph, weights, None, None).trainable
+    named = plan_parameters(graph, weights, ["/attention/Constant_3_output_0"], None)
+    assert named.trainable == ["/attention/Constant_3_output_0"]
+
+
 def test_a_known_buffer_trains_when_asked_for():
     graph = _rope_like()
     weights = {i.name: numpy_helper.to_array(i) for i in graph.initializer}

@@ -23,9 +23,14 @@ again when it runs the training graph (its GeluFusion, LayerNormFusion) and the 
 - ``FusedConv`` and ``FusedGemm``, which a session's own optimizations write into a saved optimized model (a
   convolution or Gemm, plus ``Z``, then Relu, Tanh, Sigmoid, LeakyRelu, HardSigmoid or Clip).
 
-Other contrib ops (``Attention``, ``MultiHeadAttention``, ``EmbedLayerNormalization``, quantized ones, ...) are
-left as they are; ``detach_foreign_ops`` then names them, with what to do (train the model as exported, before
-the optimizer fused it).
+- ``Attention`` (BERT's: packed QKV projection, scaled dot-product attention, a key-length or 0/1 key mask,
+  causal masking; not past/present key-values, attention biases or rotary embeddings) and
+  ``EmbedLayerNormalization`` (word + position + segment embeddings, LayerNormalization, the mask's token count
+  per sequence), from opset 13 on.
+
+Other contrib ops (``MultiHeadAttention``, ``GroupQueryAttention``, quantized ones, ...) and the cases above
+left out are left as they are; ``detach_foreign_ops`` then names them, with what to do (train the model as
+exported, before the optimizer fused it).
 """
 
 from __future__ import annotations
@@ -48,11 +53,13 @@ CONTRIB = "com.microsoft"
 class _Emit:
     """The default-domain nodes that replace one contrib node, with fresh value names."""
 
-    def __init__(self, node: onnx.NodeProto, taken: set[str], opset: int, infos: dict[str, TensorInfo]):
-        self.node, self.taken, self.opset, self.infos = node, taken, opset, infos
+    def __init__(self, node: onnx.NodeProto, taken: set[str], opset: int, infos: dict[str, TensorInfo],
+                 weights: dict[str, np.ndarray], lengths: set[str]):
+        self.node, self.taken, self.opset, self.infos, self.weights = node, taken, opset, infos, weights
+        self.lengths = lengths  # values known to be per-sequence token counts (EmbedLayerNormalization's mask_index)
         self.prefix = node.name or node.output[0]
         self.nodes: list[onnx.NodeProto] = []
-        x = infos.get(node.input[0])
+        x = infos.get(node.input[0]) if node.input else None
         self.dtype = np_dtype(x.elem_type) if x is not None and x.is_float else np.dtype(np.float32)
 
     def name(self, suffix: str) -> str:
@@ -67,6 +74,9 @@ class _Emit:
 
     def const(self, value: float) -> str:
         return self.op("Constant", value=onnx.numpy_helper.from_array(np.asarray(value, self.dtype)))
+
+    def const_int(self, value: int) -> str:
+        return self.op("Constant", value=onnx.numpy_helper.from_array(np.asarray(value, np.int64)))
 
     def ints(self, values: list[int]) -> str:
         return self.op("Constant", value=onnx.numpy_helper.from_array(np.asarray(values, np.int64)))
@@ -263,7 +273,106 @@ def _fused_gemm(e: _Emit, node: onnx.NodeProto) -> bool:
     return _activation(e, kind, params, e.op("Gemm", *node.input, **gemm), node.output[0])
 
 
+def _unsqueeze(e: _Emit, x: str, axes: list[int]) -> str:
+    return e.op("Unsqueeze", x, e.ints(axes))   # opset 13 on (the callers require it)
+
+
+def _length(e: _Emit, x: str, axis: int) -> str:
+    """The size of ``x`` along ``axis``, as an int64 scalar."""
+    return e.op("Squeeze", e.op("Gather", e.op("Shape", x), e.ints([axis]), axis=0), e.ints([0]))
+
+
+def _attention(e: _Emit, node: onnx.NodeProto) -> bool:
+    """onnxruntime's BERT Attention: packed QKV projection, scaled dot-product attention over num_heads heads with
+    an optional key mask (key lengths (batch,), or a raw 0/1 mask (batch, keys)) and causal masking. Not: past and
+    present key/values, an attention bias, rotary embeddings."""
+    a = _attrs(node)
+    inputs = [*node.input, "", "", "", "", "", "", ""]
+    if (e.opset < 13 or any(inputs[4:7]) or any(node.output[1:]) or a.get("do_rotary", 0)
+            or a.get("past_present_share_buffer", 0)):
+        return False
+    x, weights, bias, mask = inputs[:4]
+    heads = int(a["num_heads"])
+    w = e.weights.get(weights)
+    if w is None or w.ndim != 2:
+        return False
+    sizes = [int(v) for v in a.get("qkv_hidden_sizes", [])] or [w.shape[1] // 3] * 3
+    if len(sizes) != 3 or sum(sizes) != w.shape[1] or sizes[0] != sizes[1] or any(v % heads for v in sizes):
+        return False
+    mask_rank = e.rank(mask) if mask else 0
+    lengths = mask_rank == 1 and (mask in e.lengths or _same_size(e, mask, 0, x, 0))
+    if mask and not (lengths or mask_rank == 2):
+        return False   # (2 * batch,) start and end positions, 3-D and 4-D masks: not rewritten
+    qkv = e.op("MatMul", x, weights)
+    if bias:
+        qkv = e.op("Add", qkv, bias)
+    q, k, v = (e.name(part) for part in ("q", "k", "v"))
+    e.nodes.append(helper.make_node("Split", [qkv, e.ints(sizes)], [q, k, v], name=e.name("Split"), axis=-1))
+    q, k, v = (e.op("Reshape", t, e.ints([0, 0, heads, -1])) for t in (q, k, v))
+    scale = float(a.get("scale", 0.0)) or 1.0 / math.sqrt(sizes[0] // heads)
+    scores = e.op("Mul", e.op("MatMul", e.op("Transpose", q, perm=[0, 2, 1, 3]),
+                              e.op("Transpose", k, perm=[0, 2, 3, 1])), e.const(scale))
+    fill = e.const(float(a.get("mask_filter_value", -10000.0)))
+    zero = e.const(0.0)
+    if mask:
+        if lengths:          # keys at positions from the length on are masked
+            keys = e.op("Range", e.const_int(0), _length(e, x, 1), e.const_int(1))
+            kept = e.op("Less", _unsqueeze(e, keys, [0]), _unsqueeze(e, e.op("Cast", mask, to=onnx.TensorProto.INT64),
+                                                                    [1]))
+            bias_keys = e.op("Where", kept, zero, fill)
+        else:                # 1 keeps a key, 0 masks it
+            bias_keys = e.op("Mul", e.op("Sub", e.const(1.0), e.op("Cast", mask, to=_elem(e))), fill)
+        scores = e.op("Add", scores, _unsqueeze(e, bias_keys, [1, 2]))
+    if a.get("unidirectional", 0):
+        positions = e.op("Range", e.const_int(0), _length(e, x, 1), e.const_int(1))
+        future = e.op("Greater", _unsqueeze(e, positions, [0]), _unsqueeze(e, positions, [1]))
+        scores = e.op("Add", scores, e.op("Where", future, fill, zero))
+    probs = e.op("Softmax", scores, axis=-1)
+    context = e.op("Transpose", e.op("MatMul", probs, e.op("Transpose", v, perm=[0, 2, 1, 3])), perm=[0, 2, 1, 3])
+    e.op("Reshape", context, e.ints([0, 0, -1]), out=node.output[0])
+    return True
+
+
+def _embed_layer_norm(e: _Emit, node: onnx.NodeProto) -> bool:
+    """onnxruntime's EmbedLayerNormalization: word + position (+ segment) embeddings, LayerNormalization, and the
+    mask's token count per sequence (mask_index, which its Attention reads)."""
+    inputs = [*node.input, "", "", "", "", "", "", "", "", ""]
+    ids, segments, word, position, segment, gamma, beta, mask, position_ids = inputs[:9]
+    outs = _outputs(node)
+    if e.opset < 13 or (outs[1] and not mask):
+        return False
+    emb = e.op("Gather", word, ids, axis=0)
+    if position_ids:
+        emb = e.op("Add", emb, e.op("Gather", position, position_ids, axis=0))
+    else:
+        positions = e.op("Range", e.const_int(0), _length(e, ids, 1), e.const_int(1))
+        emb = e.op("Add", emb, e.op("Gather", position, positions, axis=0))
+    if segments and segment:
+        emb = e.op("Add", emb, e.op("Gather", segment, segments, axis=0))
+    if outs[2]:
+        emb = e.op("Identity", emb, out=outs[2])
+    _layer_norm_of(e, emb, gamma, beta, float(_attrs(node).get("epsilon", 1e-12)), [outs[0], "", ""])
+    if outs[1]:
+        count = e.op("ReduceSum", e.op("Cast", mask, to=onnx.TensorProto.INT64), e.ints([1]), keepdims=0)
+        e.op("Cast", count, out=outs[1], to=onnx.TensorProto.INT32)
+    return True
+
+
+def _same_size(e: _Emit, a: str, i: int, b: str, j: int) -> bool:
+    """Whether axis i of ``a`` and axis j of ``b`` are known to have the same size."""
+    sa, sb = e.infos.get(a), e.infos.get(b)
+    if sa is None or sb is None or sa.shape is None or sb.shape is None:
+        return False
+    da, db = sa.shape[i], sb.shape[j]
+    return da is not None and da == db
+
+
+def _elem(e: _Emit) -> int:
+    return helper.np_dtype_to_tensor_dtype(e.dtype)
+
+
 _LOWERINGS: dict[str, Callable[[_Emit, onnx.NodeProto], bool]] = {
+    "Attention": _attention, "EmbedLayerNormalization": _embed_layer_norm,
     "FusedConv": _fused_conv, "FusedGemm": _fused_gemm,
     "Gelu": _gelu, "BiasGelu": _bias_gelu, "FastGelu": _fast_gelu, "QuickGelu": _quick_gelu,
     "LayerNormalization": _layer_norm, "SkipLayerNormalization": _skip_layer_norm,
@@ -279,6 +388,8 @@ def lower_contrib_ops(model: onnx.ModelProto, weights: dict[str, np.ndarray]) ->
     graph = model.graph
     opset = default_opset(model) or 17
     lowered: list[str] = []
+    lengths = {n.output[1] for n in graph.node if n.domain == CONTRIB and n.op_type == "EmbedLayerNormalization"
+               and len(n.output) > 1 and n.output[1]}
     # ONNX inference stops at contrib ops it has no schema for: a rank a rewrite needs (FusedMatMul's transpose)
     # may be known only once the ops before it are rewritten, so rewrite in rounds
     for _ in range(_ROUNDS):
@@ -290,8 +401,8 @@ def lower_contrib_ops(model: onnx.ModelProto, weights: dict[str, np.ndarray]) ->
         taken = used_names(graph) | set(weights)
         nodes, before = [], len(lowered)
         for node in graph.node:
-            emit = _Emit(node, taken, opset, infos)
-            if _lowerable(node, opset) and _LOWERINGS[node.op_type](emit, node):
+            emit = _Emit(node, taken, opset, infos, weights, lengths) if _lowerable(node, opset) else None
+            if emit is not None and _LOWERINGS[node.op_type](emit, node):
                 nodes += emit.nodes
                 lowered.append(node.op_type)
             else:

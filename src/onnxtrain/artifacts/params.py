@@ -94,7 +94,7 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
     - ``requires_grad`` (names or globs): trained. When None, every floating-point initializer that is not
       frozen, not a BatchNorm running statistic (of a training- or inference-mode node) and not a torch buffer
       or constant (marked so by torch's dynamo exporter, :func:`exported_buffers`, or by name,
-      :data:`KNOWN_BUFFERS`) is trained.
+      :data:`KNOWN_BUFFERS`), nor a constant folded into an initializer (:data:`FOLDED_CONSTANTS`) is trained.
     - ``frozen_params``: kept in the checkpoint, fed to the graphs, never updated.
     - ``trainable_ops=N`` (N >= 0): only parameters consumed by the last N nodes (topological order) train;
       the other candidates become frozen.
@@ -139,6 +139,11 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
 # Trained, they would change the position encoding; list them in requires_grad to train them anyway.
 KNOWN_BUFFERS = ("*inv_freq",)
 
+# The TorchScript exporter names a Constant node's output "<scope>/Constant_<n>_output_0": an initializer of that
+# name is a constant a later tool folded into one (onnxruntime's optimizer: an attention mask's 0 and -inf), never
+# a parameter. Trained, a mask's 0 would become a learned bias on every attention score.
+FOLDED_CONSTANTS = ("*Constant_output_0", "*Constant_*_output_0")
+
 
 # torch's dynamo exporter records what each graph input of the exported program was (its value infos'
 # metadata): PARAMETER, BUFFER (register_buffer: attention masks, relative position tables, ...), CONSTANT_TENSOR
@@ -154,7 +159,7 @@ def exported_buffers(graph: onnx.GraphProto) -> set[str]:
 
 
 def _is_known_buffer(name: str) -> bool:
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in KNOWN_BUFFERS)
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in (*KNOWN_BUFFERS, *FOLDED_CONSTANTS))
 
 
 # The inputs that hold an op's settings, not weights: ratios, bounds, pads and scales of shape ops, and the scales
