@@ -79,11 +79,16 @@ def _save_values(ctx: GradContext, values: Sequence[str], infos: Sequence[Tensor
     """Make the forward loop stack ``values`` of its body each iteration (more scan outputs, axis 0, in
     iteration order) and return the stacked outputs' names."""
     body = _body(ctx.node)
+    direct = {o for n in body.node for o in n.output} - {o.name for o in body.output}
     saved = []
     for value, info in zip(values, infos):
-        name = ctx.b.unique(f"{value}_saved")
-        body.node.append(helper.make_node("Identity", [value], [name], name=name))
-        body.output.append(value_info(name, info))
+        if value in direct:   # a node's output becomes a scan output as it is: no copy per iteration
+            direct.discard(value)
+            body.output.append(value_info(value, info))
+        else:                 # the body's inputs and outputs need a distinct name
+            name = ctx.b.unique(f"{value}_saved")
+            body.node.append(helper.make_node("Identity", [value], [name], name=name))
+            body.output.append(value_info(name, info))
         saved.append(ctx.forward_output(len(ctx.node.output), f"{value}_stacked"))
     for key in ("scan_output_axes", "scan_output_directions"):   # 0 for the new outputs: axis 0, forward
         attr = next((a for a in ctx.node.attribute if a.name == key), None)
