@@ -42,7 +42,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxtrain.ir.passes import clone, declare_as_inputs, default_opset, fresh_name, used_names
+from onnxtrain.artifacts.lowering import NodeEmitter
+from onnxtrain.ir.passes import clone, declare_as_inputs, default_opset, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info, np_dtype
 
 __all__ = ["lower_contrib_ops", "CONTRIB", "LOWERED"]
@@ -50,46 +51,29 @@ __all__ = ["lower_contrib_ops", "CONTRIB", "LOWERED"]
 CONTRIB = "com.microsoft"
 
 
-class _Emit:
-    """The default-domain nodes that replace one contrib node, with fresh value names."""
+class _Emit(NodeEmitter):
+    """The default-domain nodes that replace one contrib node; float constants take the element type of its first
+    input."""
 
     def __init__(self, node: onnx.NodeProto, taken: set[str], opset: int, infos: dict[str, TensorInfo],
                  weights: dict[str, np.ndarray], lengths: set[str]):
-        self.node, self.taken, self.opset, self.infos, self.weights = node, taken, opset, infos, weights
+        super().__init__(node, taken, opset)
+        self.infos, self.weights = infos, weights
         self.lengths = lengths  # values known to be per-sequence token counts (EmbedLayerNormalization's mask_index)
-        self.prefix = node.name or node.output[0]
-        self.nodes: list[onnx.NodeProto] = []
         x = infos.get(node.input[0]) if node.input else None
         self.dtype = np_dtype(x.elem_type) if x is not None and x.is_float else np.dtype(np.float32)
 
-    def name(self, suffix: str) -> str:
-        out = fresh_name(f"{self.prefix}/{suffix}", self.taken)
-        self.taken.add(out)
-        return out
-
-    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
-        out = out or self.name(op_type)
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=self.name(op_type), **attrs))
-        return out
-
-    def const(self, value: float) -> str:
-        return self.op("Constant", value=onnx.numpy_helper.from_array(np.asarray(value, self.dtype)))
-
-    def const_int(self, value: int) -> str:
-        return self.op("Constant", value=onnx.numpy_helper.from_array(np.asarray(value, np.int64)))
-
-    def ints(self, values: list[int]) -> str:
-        return self.op("Constant", value=onnx.numpy_helper.from_array(np.asarray(values, np.int64)))
-
-    def mean_last(self, x: str) -> str:
-        """ReduceMean over the last axis, kept."""
-        if self.opset >= 18:
-            return self.op("ReduceMean", x, self.ints([-1]), keepdims=1)
-        return self.op("ReduceMean", x, axes=[-1], keepdims=1)
+    def scalar(self, value: float) -> str:
+        return self.const(np.asarray(value, self.dtype))
 
     def rank(self, x: str) -> int | None:
         info = self.infos.get(x)
         return None if info is None else info.rank
+
+
+def _mean_last(e: _Emit, x: str) -> str:
+    """ReduceMean over the last axis, kept."""
+    return e.reduce("ReduceMean", x, [-1])
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
@@ -108,8 +92,8 @@ def _optional(node: onnx.NodeProto, i: int) -> str:
 
 def _gelu_of(e: _Emit, x: str, out: str) -> None:
     """0.5 x (1 + erf(x / sqrt 2)), as torch exports the erf GELU."""
-    f = e.op("Add", e.op("Erf", e.op("Div", x, e.const(math.sqrt(2.0)))), e.const(1.0))
-    e.op("Mul", e.op("Mul", x, f), e.const(0.5), out=out)
+    f = e.op("Add", e.op("Erf", e.op("Div", x, e.scalar(math.sqrt(2.0)))), e.scalar(1.0))
+    e.op("Mul", e.op("Mul", x, f), e.scalar(0.5), out=out)
 
 
 def _gelu(e: _Emit, node: onnx.NodeProto) -> bool:
@@ -127,16 +111,16 @@ def _fast_gelu(e: _Emit, node: onnx.NodeProto) -> bool:
     if _optional(node, 1):
         y = e.op("Add", y, node.input[1])
     cube = e.op("Mul", e.op("Mul", y, y), y)
-    inner = e.op("Mul", e.op("Add", y, e.op("Mul", cube, e.const(0.044715))), e.const(math.sqrt(2.0 / math.pi)))
-    half = e.op("Mul", y, e.const(0.5))
-    e.op("Mul", half, e.op("Add", e.op("Tanh", inner), e.const(1.0)), out=node.output[0])
+    inner = e.op("Mul", e.op("Add", y, e.op("Mul", cube, e.scalar(0.044715))), e.scalar(math.sqrt(2.0 / math.pi)))
+    half = e.op("Mul", y, e.scalar(0.5))
+    e.op("Mul", half, e.op("Add", e.op("Tanh", inner), e.scalar(1.0)), out=node.output[0])
     return True
 
 
 def _quick_gelu(e: _Emit, node: onnx.NodeProto) -> bool:
     alpha = float(_attrs(node).get("alpha", 1.702))
     x = node.input[0]
-    e.op("Mul", x, e.op("Sigmoid", e.op("Mul", x, e.const(alpha))), out=node.output[0])
+    e.op("Mul", x, e.op("Sigmoid", e.op("Mul", x, e.scalar(alpha))), out=node.output[0])
     return True
 
 
@@ -149,9 +133,9 @@ def _layer_norm_of(e: _Emit, s: str, gamma: str, beta: str, epsilon: float, outs
         e.nodes.append(helper.make_node("LayerNormalization", inputs, outs, name=e.name("LayerNormalization"),
                                         axis=-1, epsilon=epsilon))
         return
-    mean = e.mean_last(s)
+    mean = _mean_last(e, s)
     d = e.op("Sub", s, mean)
-    inv_std = e.op("Reciprocal", e.op("Sqrt", e.op("Add", e.mean_last(e.op("Mul", d, d)), e.const(epsilon))))
+    inv_std = e.op("Reciprocal", e.op("Sqrt", e.op("Add", _mean_last(e, e.op("Mul", d, d)), e.scalar(epsilon))))
     y = e.op("Mul", e.op("Mul", d, inv_std), gamma, out=None if beta else outs[0])
     if beta:
         e.op("Add", y, beta, out=outs[0])
@@ -187,7 +171,7 @@ def _skip_layer_norm(e: _Emit, node: onnx.NodeProto) -> bool:
 
 
 def _rms_norm_of(e: _Emit, x: str, gamma: str, epsilon: float, out: str) -> None:
-    rms = e.op("Sqrt", e.op("Add", e.mean_last(e.op("Mul", x, x)), e.const(epsilon)))
+    rms = e.op("Sqrt", e.op("Add", _mean_last(e, e.op("Mul", x, x)), e.scalar(epsilon)))
     e.op("Mul", e.op("Div", x, rms), gamma, out=out)
 
 
@@ -226,7 +210,7 @@ def _fused_matmul(e: _Emit, node: onnx.NodeProto) -> bool:
     if alpha == 1.0:
         e.op("MatMul", *operands, out=node.output[0])
     else:
-        e.op("Mul", e.op("MatMul", *operands), e.const(alpha), out=node.output[0])
+        e.op("Mul", e.op("MatMul", *operands), e.scalar(alpha), out=node.output[0])
     return True
 
 
@@ -240,7 +224,7 @@ def _activation(e: _Emit, kind: str, params: list[float], x: str, out: str) -> b
         alpha, beta = (params + [0.2, 0.5][len(params):])[:2]
         e.op("HardSigmoid", x, out=out, alpha=alpha, beta=beta)
     elif kind == "Clip" and len(params) == 2:
-        e.op("Clip", x, e.const(params[0]), e.const(params[1]), out=out)
+        e.op("Clip", x, e.scalar(params[0]), e.scalar(params[1]), out=out)
     else:
         return False
     return True
@@ -311,20 +295,20 @@ def _attention(e: _Emit, node: onnx.NodeProto) -> bool:
     q, k, v = (e.op("Reshape", t, e.ints([0, 0, heads, -1])) for t in (q, k, v))
     scale = float(a.get("scale", 0.0)) or 1.0 / math.sqrt(sizes[0] // heads)
     scores = e.op("Mul", e.op("MatMul", e.op("Transpose", q, perm=[0, 2, 1, 3]),
-                              e.op("Transpose", k, perm=[0, 2, 3, 1])), e.const(scale))
-    fill = e.const(float(a.get("mask_filter_value", -10000.0)))
-    zero = e.const(0.0)
+                              e.op("Transpose", k, perm=[0, 2, 3, 1])), e.scalar(scale))
+    fill = e.scalar(float(a.get("mask_filter_value", -10000.0)))
+    zero = e.scalar(0.0)
     if mask:
         if lengths:          # keys at positions from the length on are masked
-            keys = e.op("Range", e.const_int(0), _length(e, x, 1), e.const_int(1))
+            keys = e.op("Range", e.ints(0), _length(e, x, 1), e.ints(1))
             kept = e.op("Less", _unsqueeze(e, keys, [0]), _unsqueeze(e, e.op("Cast", mask, to=onnx.TensorProto.INT64),
                                                                     [1]))
             bias_keys = e.op("Where", kept, zero, fill)
         else:                # 1 keeps a key, 0 masks it
-            bias_keys = e.op("Mul", e.op("Sub", e.const(1.0), e.op("Cast", mask, to=_elem(e))), fill)
+            bias_keys = e.op("Mul", e.op("Sub", e.scalar(1.0), e.op("Cast", mask, to=_elem(e))), fill)
         scores = e.op("Add", scores, _unsqueeze(e, bias_keys, [1, 2]))
     if a.get("unidirectional", 0):
-        positions = e.op("Range", e.const_int(0), _length(e, x, 1), e.const_int(1))
+        positions = e.op("Range", e.ints(0), _length(e, x, 1), e.ints(1))
         future = e.op("Greater", _unsqueeze(e, positions, [0]), _unsqueeze(e, positions, [1]))
         scores = e.op("Add", scores, e.op("Where", future, fill, zero))
     probs = e.op("Softmax", scores, axis=-1)
@@ -345,7 +329,7 @@ def _embed_layer_norm(e: _Emit, node: onnx.NodeProto) -> bool:
     if position_ids:
         emb = e.op("Add", emb, e.op("Gather", position, position_ids, axis=0))
     else:
-        positions = e.op("Range", e.const_int(0), _length(e, ids, 1), e.const_int(1))
+        positions = e.op("Range", e.ints(0), _length(e, ids, 1), e.ints(1))
         emb = e.op("Add", emb, e.op("Gather", position, positions, axis=0))
     if segments and segment:
         emb = e.op("Add", emb, e.op("Gather", segment, segments, axis=0))

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnxtrain.artifacts.lowering import NodeEmitter
 from onnxtrain.ir.passes import default_opset, fresh_name, used_names
 
 __all__ = ["lower_ml_ops"]
@@ -26,38 +27,19 @@ ML = "ai.onnx.ml"
 _POST = {"NONE": None, "LOGISTIC": "Sigmoid", "SOFTMAX": "Softmax"}
 
 
-class _Emit:
-    """Nodes and initializers that replace one node, with fresh value names."""
+class _Emit(NodeEmitter):
+    """The nodes and initializers that replace one node."""
 
     def __init__(self, node: onnx.NodeProto, taken: set[str], opset: int, softmax_outputs: set[str]):
-        self.prefix, self.taken, self.opset = node.name or node.output[0], taken, opset
+        super().__init__(node, taken, opset)
         self.softmax_outputs = softmax_outputs  # values that sum to one along axis 1
-        self.nodes: list[onnx.NodeProto] = []
         self.weights: dict[str, np.ndarray] = {}
-
-    def name(self, suffix: str) -> str:
-        out = fresh_name(f"{self.prefix}/{suffix}", self.taken)
-        self.taken.add(out)
-        return out
-
-    def op(self, op_type: str, inputs: list[str], output: str | None = None, **attrs) -> str:
-        out = output or self.name(op_type)
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=self.name(op_type), **attrs))
-        return out
-
-    def const(self, value: np.ndarray, suffix: str) -> str:
-        return self.op("Constant", [], self.name(suffix), value=onnx.numpy_helper.from_array(value))
 
     def weight(self, value: np.ndarray, suffix: str) -> str:
         name = fresh_name(f"{self.prefix}.{suffix}", self.taken)
         self.taken.add(name)
         self.weights[name] = value
         return name
-
-    def reduce_sum(self, x: str) -> str:
-        if self.opset >= 13:
-            return self.op("ReduceSum", [x, self.const(np.array([1], np.int64), "axes")], keepdims=1)
-        return self.op("ReduceSum", [x], axes=[1], keepdims=1)
 
 
 def _attrs(node: onnx.NodeProto) -> dict:
@@ -74,7 +56,7 @@ def _linear(e: _Emit, x: str, a: dict, rows: int) -> str:
     inputs = [x, w]
     if a.get("intercepts"):
         inputs.append(e.weight(np.asarray(a["intercepts"], np.float32), "intercepts"))
-    return e.op("Gemm", inputs, transB=1)
+    return e.op("Gemm", *inputs, transB=1)
 
 
 def _linear_classifier(e: _Emit, node: onnx.NodeProto) -> bool:
@@ -89,19 +71,19 @@ def _linear_classifier(e: _Emit, node: onnx.NodeProto) -> bool:
         return False
     scores = _linear(e, node.input[0], a, rows)
     if rows == 1 and len(labels) == 2:  # one row of coefficients for two classes: scores [-s, s]
-        scores = e.op("Concat", [e.op("Neg", [scores]), scores], axis=1)
+        scores = e.op("Concat", e.op("Neg", scores), scores, axis=1)
     out = node.output[1] if len(node.output) > 1 and node.output[1] else None
     if _POST[post] == "Softmax":
-        scores = e.op("Softmax", [scores], out, axis=1)
+        scores = e.op("Softmax", scores, out=out, axis=1)
         e.softmax_outputs.add(scores)
     elif _POST[post] == "Sigmoid":
-        scores = e.op("Sigmoid", [scores], out)
+        scores = e.op("Sigmoid", scores, out=out)
     elif out:
-        e.op("Identity", [scores], out)
+        e.op("Identity", scores, out=out)
     if node.output[0]:
         table = np.array(labels, dtype=np.int64 if isinstance(labels[0], int) else object)
-        index = e.op("ArgMax", [scores], axis=1, keepdims=0)
-        e.op("Gather", [e.const(table, "classlabels"), index], node.output[0], axis=0)
+        index = e.op("ArgMax", scores, axis=1, keepdims=0)
+        e.op("Gather", e.const(table, "classlabels"), index, out=node.output[0], axis=0)
     return True
 
 
@@ -109,34 +91,34 @@ def _linear_regressor(e: _Emit, node: onnx.NodeProto) -> bool:
     a = _attrs(node)
     if _text(a.get("post_transform", "NONE")) != "NONE" or "coefficients" not in a:
         return False
-    e.op("Identity", [_linear(e, node.input[0], a, int(a.get("targets", 1)))], node.output[0])
+    e.op("Identity", _linear(e, node.input[0], a, int(a.get("targets", 1))), out=node.output[0])
     return True
 
 
 def _scaler(e: _Emit, node: onnx.NodeProto) -> bool:
     a = _attrs(node)
-    x = e.op("Cast", [node.input[0]], to=onnx.TensorProto.FLOAT)
+    x = e.op("Cast", node.input[0], to=onnx.TensorProto.FLOAT)
     if a.get("offset"):
-        x = e.op("Sub", [x, e.const(np.asarray(a["offset"], np.float32), "offset")])
+        x = e.op("Sub", x, e.const(np.asarray(a["offset"], np.float32), "offset"))
     scale = e.const(np.asarray(a.get("scale") or [1.0], np.float32), "scale")
-    e.op("Mul", [x, scale], node.output[0])
+    e.op("Mul", x, scale, out=node.output[0])
     return True
 
 
 def _normalizer(e: _Emit, node: onnx.NodeProto) -> bool:
     norm = _text(_attrs(node).get("norm", "MAX"))
     if norm == "L1" and node.input[0] in e.softmax_outputs:  # skl2onnx's multinomial LogisticRegression
-        e.op("Identity", [node.input[0]], node.output[0])   # (a loss then sees that these are probabilities)
+        e.op("Identity", node.input[0], out=node.output[0])   # (a loss then sees that these are probabilities)
         e.softmax_outputs.add(node.output[0])
         return True
-    x = e.op("Cast", [node.input[0]], to=onnx.TensorProto.FLOAT)
+    x = e.op("Cast", node.input[0], to=onnx.TensorProto.FLOAT)
     if norm == "L1":
-        total = e.reduce_sum(e.op("Abs", [x]))
+        total = e.reduce("ReduceSum", e.op("Abs", x), [1])
     elif norm == "L2":
-        total = e.op("Sqrt", [e.reduce_sum(e.op("Mul", [x, x]))])
+        total = e.op("Sqrt", e.reduce("ReduceSum", e.op("Mul", x, x), [1]))
     else:
         return False
-    e.op("Div", [x, total], node.output[0])
+    e.op("Div", x, total, out=node.output[0])
     return True
 
 

@@ -13,7 +13,7 @@ from onnx import helper, numpy_helper
 __all__ = ["GraphBuilder"]
 
 # Ops whose ``axes`` moved from an attribute to an input, and the opset where it happened.
-_AXES_AS_INPUT_SINCE = {
+AXES_AS_INPUT_SINCE = {
     "ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13,
     "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18, "ReduceProd": 18, "ReduceL1": 18, "ReduceL2": 18,
     "ReduceLogSum": 18, "ReduceLogSumExp": 18, "ReduceSumSquare": 18,
@@ -140,7 +140,7 @@ class GraphBuilder:
     # Ops whose signature changed across opsets, written once here.
     def reduce(self, op_type: str, x: str, axes: Sequence[int] | str | None, keepdims: bool = True) -> str:
         """``op_type`` over ``axes`` (a list, a name of an int64 tensor, or None for all axes)."""
-        if self.opset >= _AXES_AS_INPUT_SINCE[op_type]:
+        if self.opset >= AXES_AS_INPUT_SINCE[op_type]:
             if axes is None:
                 return self.node(op_type, [x], keepdims=int(keepdims))
             ax = axes if isinstance(axes, str) else self.ints(axes)
