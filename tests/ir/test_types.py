@@ -48,7 +48,10 @@ def test_onnx_inference_alone_leaves_the_heads_unknown():
 @pytest.mark.parametrize("source,target,expected", [
     (("b", "s", 384), ("b", "s", "u", 32), ("b", "s", 12, 32)),
     (("b", 12, "s", 32), ("b", "s", None), ("b", "s", 384)),
-    (("b", "s", 384), ("u", "s", 384), None),          # b does not cancel: two unknowns
+    (("b", "s", 384), ("u", "s", 384), ("b", "s", 384)),          # the batch size computed at run time
+    (("b", 64, 128), ("u", 64, 4, 32), ("b", 64, 4, 32)),
+    (("b", "s", 384), ("u", "s", 192), None),          # u = 2b: not a symbol
+    (("b", "c", 384), ("u", 384), None),               # u = b c: not a symbol
     (("b", "s", 384), ("b", "u", "v", 32), None),      # two unknowns
     (("b", "s", 384), ("b", "s", "u", 5), None),       # 384 is not a multiple of 5: not solved
     (("b", 0, 384), ("b", "u", 3), None),              # empty: any size fits

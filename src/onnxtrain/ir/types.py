@@ -101,9 +101,12 @@ def solve_reshapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict
     ``view(*batch_and_sequence, -1, head_size)``), and ONNX inference gives such a dimension a fresh symbol even
     when the input's symbols cancel out: (b, s, 384) -> (b, s, ?, 32) has ? = 12 at every b and s. A dimension
     left unknown that way made the heads' axis of the attention product a different symbol for its two operands,
-    and their gradients reduced over it at run time (a full copy each). Solved: exactly one output dimension is
-    unknown after the symbols the input and output share are cancelled, and the input has none left over.
-    Symbols compare by name, which within one inference means equal sizes.
+    and their gradients reduced over it at run time (a full copy each). The same happens to the batch axis when
+    the target's batch size is computed at run time: (b, 64, 128) -> (?, 64, 4, 32) has ? = b. Solved: exactly
+    one output dimension is unknown after the symbols the input and output share are cancelled, and the input
+    has none left over (the size is the quotient of the known sizes) or one, with the known sizes equal (the
+    size is that symbol). Symbols compare by name, which within one inference means equal sizes; sizes are
+    taken to be nonzero, as a reshape's -1 needs.
     """
     solved: dict[str, TensorInfo] = {}
     for node in graph.node:
@@ -118,16 +121,23 @@ def solve_reshapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict
         right = collections.Counter(d for d in target.shape if not isinstance(d, int))
         shared = left & right
         left, right = left - shared, right - shared
-        if left or sum(right.values()) != 1:
+        if sum(left.values()) > 1 or sum(right.values()) != 1:
             continue
         unknown = next(iter(right))
         if unknown in shared:  # a symbol the input has once and the output twice: not one unknown size
             continue
         known_in = math.prod(d for d in source.shape if isinstance(d, int))
         known_out = math.prod(d for d in target.shape if isinstance(d, int))
-        if known_in == 0 or known_out == 0 or known_in % known_out:
+        if known_in == 0 or known_out == 0:
             continue
-        size = known_in // known_out
+        if left:  # one symbol left over: the unknown is that symbol when the known sizes match
+            if known_in != known_out:
+                continue
+            size = next(iter(left))
+        elif known_in % known_out:
+            continue
+        else:
+            size = known_in // known_out
         solved[node.output[0]] = TensorInfo(target.elem_type, tuple(size if d == unknown else d for d in target.shape))
     return solved
 
