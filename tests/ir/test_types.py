@@ -48,10 +48,11 @@ def test_onnx_inference_alone_leaves_the_heads_unknown():
 @pytest.mark.parametrize("source,target,expected", [
     (("b", "s", 384), ("b", "s", "u", 32), ("b", "s", 12, 32)),
     (("b", 12, "s", 32), ("b", "s", None), ("b", "s", 384)),
-    (("b", "s", 384), ("u", "s", 384), ("b", "s", 384)),          # the batch size computed at run time
+    (("b", "s", 384), ("u", "s", 384), ("b", "s", 384)),  # the batch size computed at run time
     (("b", 64, 128), ("u", 64, 4, 32), ("b", 64, 4, 32)),
     (("b", "s", 384), ("u", "s", 192), None),          # u = 2b: not a symbol
     (("b", "c", 384), ("u", 384), None),               # u = b c: not a symbol
+    (("unk__1", 64, 128), ("u", 64, 4, 32), None),     # not an input's symbol: may mean another size next round
     (("b", "s", 384), ("b", "u", "v", 32), None),      # two unknowns
     (("b", "s", 384), ("b", "s", "u", 5), None),       # 384 is not a multiple of 5: not solved
     (("b", 0, 384), ("b", "u", 3), None),              # empty: any size fits
@@ -60,7 +61,8 @@ def test_onnx_inference_alone_leaves_the_heads_unknown():
 ])
 def test_solve_reshapes_cases(source, target, expected):
     node = helper.make_node("Reshape", ["x", "shape"], ["y"])
-    graph = helper.make_graph([node], "g", [], [])
+    given = [d for d in source if isinstance(d, str) and not d.startswith("unk__")]
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, given)], [])
     infos = {"x": TensorInfo(TensorProto.FLOAT, source), "y": TensorInfo(TensorProto.FLOAT, target)}
     solved = solve_reshapes(graph, infos)
     assert solved == ({} if expected is None else {"y": TensorInfo(TensorProto.FLOAT, expected)})
@@ -106,3 +108,45 @@ def test_a_transformers_style_attention_trains_without_run_time_reductions(tmp_p
             e[idx] = 1e-6
             numeric[idx] = (loss(w + e) - loss(w - e)) / 2e-6
         np.testing.assert_allclose(grad, numeric, rtol=2e-3, atol=1e-4)
+
+
+def _stacked_attention(layers: int):
+    """``layers`` residual attention layers over x (b, 3, 8), each splitting its heads with Reshape(-1, 3, 4, 2)
+    and merging them with Reshape(-1, 3, 8), as a hand-written torch model does (``t.reshape(-1, seq, heads,
+    dim)``): ONNX gives each Reshape's batch axis a fresh symbol."""
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+             [("split", [-1, 3, 4, 2]), ("merge", [-1, 3, 8])]]
+    rng = np.random.default_rng(0)
+    nodes, x = [], "x"
+    for k in range(layers):
+        inits.append(numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), f"w{k}"))
+        p = f"l{k}/"
+        nodes += [helper.make_node("MatMul", [x, f"w{k}"], [p + "proj"]),
+                  helper.make_node("Reshape", [p + "proj", "split"], [p + "heads"]),
+                  helper.make_node("Transpose", [p + "heads"], [p + "q"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Transpose", [p + "heads"], [p + "kt"], perm=[0, 2, 3, 1]),
+                  helper.make_node("MatMul", [p + "q", p + "kt"], [p + "scores"]),
+                  helper.make_node("MatMul", [p + "scores", p + "q"], [p + "context"]),
+                  helper.make_node("Transpose", [p + "context"], [p + "back"], perm=[0, 2, 1, 3]),
+                  helper.make_node("Reshape", [p + "back", "merge"], [p + "merged"]),
+                  helper.make_node("Add", [x, p + "merged"], [p + "out"])]
+        x = p + "out"
+    graph = helper.make_graph(nodes, "stacked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3, 8])],
+                              [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_reshapes_chained_through_layers_are_solved_layer_after_layer(tmp_path):
+    """Each layer's split reads a residual Add of its input and the previous merge: solved only once the merge is,
+    so the rounds go on until nothing more is solved (four layers: eight rounds), and the training graph has no
+    ReduceSum with run-time axes."""
+    layers = 4
+    model = _stacked_attention(layers)
+    infos = infer_tensor_info(model)
+    for k in range(layers):
+        assert infos[f"l{k}/heads"].shape == ("b", 3, 4, 2)
+        assert infos[f"l{k}/out"].shape == ("b", 3, 8)
+    artifacts.generate_artifacts(model, requires_grad=[f"w{k}" for k in range(layers)], loss=artifacts.LossType.MSELoss,
+                                 artifact_directory=str(tmp_path))
+    training = onnx.load(str(tmp_path / "training_model.onnx"))
+    assert not [n.name for n in training.graph.node if n.op_type == "NonZero"]

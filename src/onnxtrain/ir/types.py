@@ -78,8 +78,11 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     """
     infos = _infer_once(model)
     solved: dict[str, TensorInfo] = {}
-    for _ in range(_REINFERENCE_ROUNDS):
-        new = solve_reshapes(model.graph, infos)
+    # Each round solves the Reshapes whose inputs the previous one made known: a transformer layer's heads'
+    # split, then their merge after the attention product, then the next layer's split (its input's batch axis
+    # comes from a residual Add of the layer's input and the merge), and so on.
+    for _ in range(sum(n.op_type == "Reshape" for n in model.graph.node)):
+        new = {k: v for k, v in solve_reshapes(model.graph, infos).items() if solved.get(k) != v}
         if not new:
             break
         solved.update(new)
@@ -88,10 +91,6 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
         infos = _infer_declared(model, solved)
     return infos
 
-
-# Each round solves the Reshapes whose inputs the previous one made known: a transformer's attention needs two
-# (the heads' split, then their merge after the attention product); layers do not chain them.
-_REINFERENCE_ROUNDS = 4
 
 
 def solve_reshapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
@@ -105,9 +104,11 @@ def solve_reshapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict
     the target's batch size is computed at run time: (b, 64, 128) -> (?, 64, 4, 32) has ? = b. Solved: exactly
     one output dimension is unknown after the symbols the input and output share are cancelled, and the input
     has none left over (the size is the quotient of the known sizes) or one, with the known sizes equal (the
-    size is that symbol). Symbols compare by name, which within one inference means equal sizes; sizes are
-    taken to be nonzero, as a reshape's -1 needs.
+    size is that symbol, when it is one of the graph inputs' symbols). Symbols compare by name, which within one
+    inference means equal sizes; sizes are taken to be nonzero, as a reshape's -1 needs.
     """
+    # the inputs' symbols: one of inference's own (unk__N) may name another dimension in the next round
+    given = {d.dim_param for i in graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
     solved: dict[str, TensorInfo] = {}
     for node in graph.node:
         if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
@@ -131,9 +132,9 @@ def solve_reshapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict
         if known_in == 0 or known_out == 0:
             continue
         if left:  # one symbol left over: the unknown is that symbol when the known sizes match
-            if known_in != known_out:
-                continue
             size = next(iter(left))
+            if known_in != known_out or size not in given:
+                continue
         elif known_in % known_out:
             continue
         else:
