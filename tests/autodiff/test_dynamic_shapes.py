@@ -92,3 +92,38 @@ def test_symbolic_gradient_graph_runs_on_onnxruntime(r: Row):
 def _float32(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.asarray(v, dtype=np.float32) if np.asarray(v).dtype == np.float64 else np.asarray(v)
             for k, v in values.items()}
+
+
+def _residual_inputs(size, rng):
+    return {"x": rng.standard_normal((2, 2, *size)), "w1": rng.standard_normal((2, 2, 3, 3)),
+            "w2": rng.standard_normal((3, 2, 3, 3)), "w3": rng.standard_normal((3, 2, 1, 1))}
+
+
+@pytest.mark.parametrize("size", [(7, 9), (8, 6)])
+def test_residual_blocks_with_dynamic_spatial_axes(size):
+    """Adds joining convolution and pool branches of run-time size: the gradients match finite differences at
+    odd and even sizes."""
+    from tests.ir.test_types import _residual_cnn
+
+    inputs = _residual_inputs(size, np.random.default_rng(0))
+    report = check_gradients(_residual_cnn(), inputs, list(inputs), kink_tol=1e-3)
+    assert report.ok, str(report)
+
+
+def test_residual_blocks_reduce_no_axis_at_run_time(tmp_path):
+    """The sizes are named after the input's (ir.types.solve_windows), so the training graph has no reduction
+    over axes computed at run time (a NonZero per reduction before)."""
+    from onnx import numpy_helper
+    from tests.ir.test_types import _residual_cnn
+
+    from onnxtrain import artifacts
+
+    model = _residual_cnn(onnx.TensorProto.FLOAT)
+    weights = {k: v.astype(np.float32) for k, v in _residual_inputs((8, 8), np.random.default_rng(0)).items()
+               if k != "x"}
+    model.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in weights.items())
+    del model.graph.input[1:]
+    artifacts.generate_artifacts(model, requires_grad=list(weights), loss=artifacts.LossType.MSELoss,
+                                 artifact_directory=str(tmp_path))
+    training = onnx.load(str(tmp_path / "training_model.onnx"))
+    assert not [n.name for n in training.graph.node if n.op_type == "NonZero"]

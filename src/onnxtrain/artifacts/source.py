@@ -12,6 +12,7 @@ from onnx import numpy_helper
 
 from onnxtrain.artifacts.foreign import Detached, annotate_reshape_ranks, detach_foreign_ops
 from onnxtrain.artifacts.passes.cast_like_to_cast import CastLikeToCast
+from onnxtrain.artifacts.passes.fold_index_constants import FoldIndexConstants
 from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.ir.passes import clone, clone_without, declare_as_inputs, default_opset, node_inputs
@@ -88,6 +89,8 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     elif opset < 14:
         annotate_reshape_ranks(proto, weights)
     _unalias_initializers(proto.graph, weights)
+    # a Slice's bounds written as Unsqueeze(Constant): shape inference reads only constants (FoldIndexConstants)
+    proto = FoldIndexConstants().run(proto).model
     # onnxruntime folds a Cast of a constant, not a CastLike to a graph input's type (dynamo's zero conv biases)
     likes = {n.input[1] for n in proto.graph.node if n.op_type == "CastLike" and len(n.input) == 2}
     if likes:

@@ -11,6 +11,7 @@ import onnx
 from onnx import helper
 
 __all__ = ["TensorInfo", "value_info", "infer_tensor_info", "infer_from_inputs", "redeclare", "solve_reshapes",
+           "solve_windows",
            "np_dtype", "onnx_dtype", "FLOAT_TYPES"]
 
 FLOAT_TYPES = frozenset(
@@ -81,8 +82,9 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     # Each round solves the Reshapes whose inputs the previous one made known: a transformer layer's heads'
     # split, then their merge after the attention product, then the next layer's split (its input's batch axis
     # comes from a residual Add of the layer's input and the merge), and so on.
-    for _ in range(sum(n.op_type == "Reshape" for n in model.graph.node)):
-        new = {k: v for k, v in solve_reshapes(model.graph, infos).items() if solved.get(k) != v}
+    for _ in range(sum(n.op_type == "Reshape" for n in model.graph.node) + 1):
+        found = {**solve_windows(model.graph, infos), **solve_reshapes(model.graph, infos)}
+        new = {k: v for k, v in found.items() if solved.get(k) != v}
         if not new:
             break
         solved.update(new)
@@ -140,6 +142,118 @@ def solve_reshapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict
         else:
             size = known_in // known_out
         solved[node.output[0]] = TensorInfo(target.elem_type, tuple(size if d == unknown else d for d in target.shape))
+    return solved
+
+
+# A spatial size computed from an input's symbol by convolutions and pools: floor((base + offset) / stride).
+_Window = tuple[str, int, int]
+
+_WINDOWED = frozenset({"Conv", "MaxPool", "AveragePool", "LpPool"})
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "PRelu"})
+
+
+def _window_name(size: _Window) -> str:
+    base, offset, stride = size
+    if stride == 1:
+        return base if offset == 0 else f"{base}{offset:+d}"
+    return f"floor(({base}{offset:+d})/{stride})" if offset else f"floor({base}/{stride})"
+
+
+def _window_attrs(node: onnx.NodeProto, kernel: tuple) -> list[tuple[int, int]] | None:
+    """(offset, stride) per spatial axis with out = floor((in + offset) / stride), or None (a padding mode or a
+    ceil mode this does not follow)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    rank = len(kernel)
+    if attrs.get("ceil_mode", 0) or any(not isinstance(k, int) for k in kernel):
+        return None
+    strides = list(attrs.get("strides", [1] * rank))
+    dilations = list(attrs.get("dilations", [1] * rank))
+    auto_pad = attrs.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return [(s - 1, s) for s in strides]  # ceil(in / s)
+    pads = list(attrs.get("pads", [0] * 2 * rank)) if auto_pad == "NOTSET" else [0] * 2 * rank
+    if auto_pad not in ("NOTSET", "VALID") or len(pads) != 2 * rank or len(strides) != rank:
+        return None
+    # floor((in + pads - d (k - 1) - 1) / s) + 1
+    return [(pads[i] + pads[i + rank] - dilations[i] * (kernel[i] - 1) - 1 + strides[i], strides[i])
+            for i in range(rank)]
+
+
+def solve_windows(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """The outputs of ``graph``'s convolutions and pools (and of the broadcasting ops that join them) whose
+    spatial sizes follow from an input's symbol, named after it: ``floor((height+1)/2)``.
+
+    ONNX inference gives a convolution's output a fresh symbol for each spatial axis of run-time size, even for a
+    3x3 convolution with padding 1, whose output has its input's size. Two branches of a residual block then
+    have different symbols, and the gradient of the Add that joins them reduced over its spatial axes at run time
+    (a copy of the activation per Add and step, and the nodes that compute the axes). The size is
+    floor((in + offset) / stride), and a chain of them is one such floor, so equal sizes get equal names:
+    floor((floor((h + a) / s) + b) / t) = floor((h + a + b s) / (s t)). A Conv's padding mode (explicit pads,
+    VALID, SAME_*) is followed; ceil_mode pools are left alone.
+    """
+    given = {d.dim_param for i in graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
+    windows: dict[str, _Window] = {symbol: (symbol, 0, 1) for symbol in given}
+    solved: dict[str, TensorInfo] = {}
+
+    def window(dim) -> _Window | None:
+        return windows.get(dim) if isinstance(dim, str) else None
+
+    def settle(name: str, shape: tuple, sizes: dict[int, _Window]) -> None:
+        """Name the dimensions ``sizes`` of ``name``; the fresh symbols they replace mean the same sizes."""
+        new = list(shape)
+        for axis, size in sizes.items():
+            if isinstance(shape[axis], str) and shape[axis] not in windows:
+                windows[shape[axis]] = size
+            new[axis] = _window_name(size)
+            windows[new[axis]] = size
+        if tuple(new) != tuple(shape):
+            solved[name] = TensorInfo(infos[name].elem_type, tuple(new))
+
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx") or not node.output or node.output[0] not in infos:
+            continue
+        out = infos[node.output[0]].shape
+        if out is None:
+            continue
+        if node.op_type in _WINDOWED:
+            source = infos.get(node.input[0])
+            if source is None or source.shape is None or len(source.shape) != len(out) or len(out) < 3:
+                continue
+            kernel = None
+            for a in node.attribute:
+                if a.name == "kernel_shape":
+                    kernel = tuple(a.ints)
+            if kernel is None and node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in infos:
+                weight = infos[node.input[1]].shape
+                kernel = tuple(weight[2:]) if weight is not None else None
+            steps = _window_attrs(node, kernel) if kernel is not None and len(kernel) == len(out) - 2 else None
+            if steps is None:
+                continue
+            sizes = {}
+            for axis, (offset, stride) in enumerate(steps, start=2):
+                size = window(source.shape[axis])
+                if size is not None and not isinstance(out[axis], int):
+                    base, a, s = size
+                    sizes[axis] = (base, a + offset * s, s * stride)
+            settle(node.output[0], out, sizes)
+        elif node.op_type in _BROADCASTING:
+            shapes = [infos[i].shape for i in node.input if i and i in infos]
+            if len(shapes) != len([i for i in node.input if i]) or any(sh is None for sh in shapes):
+                continue
+            sizes = {}
+            for axis in range(len(out)):
+                if isinstance(out[axis], int):
+                    continue
+                back = len(out) - axis
+                dims = [sh[len(sh) - back] for sh in shapes if len(sh) >= back]
+                dims = [d for d in dims if d != 1]
+                found = {window(d) for d in dims}
+                if len(found) == 1 and None not in found and dims:
+                    sizes[axis] = found.pop()
+            settle(node.output[0], out, sizes)
+        else:  # an op that keeps its input's symbols keeps their windows
+            continue
     return solved
 
 

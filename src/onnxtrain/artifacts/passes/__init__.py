@@ -4,6 +4,7 @@ from onnxtrain.artifacts.passes.backward_order import BackwardOrder
 from onnxtrain.artifacts.passes.cast_like_to_cast import CastLikeToCast
 from onnxtrain.artifacts.passes.drop_unread_indices import DropUnreadIndices
 from onnxtrain.artifacts.passes.eval_mode import EvalMode
+from onnxtrain.artifacts.passes.fold_index_constants import FoldIndexConstants
 from onnxtrain.artifacts.passes.fold_output_identities import FoldOutputIdentities
 from onnxtrain.artifacts.passes.gelu_backward import GeluBackward
 from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
@@ -15,4 +16,4 @@ from onnxtrain.artifacts.passes.transposed_products import TransposedProducts
 
 __all__ = ["EvalMode", "DropUnreadIndices", "PoolBeforeRelu", "FoldOutputIdentities", "SequencesToSplit",
            "RecomputeInBackward", "ShapesInForward", "GeluBackward", "BackwardOrder", "CastLikeToCast",
-           "InlineLocalFunctions", "TransposedProducts"]
+           "InlineLocalFunctions", "TransposedProducts", "FoldIndexConstants"]
