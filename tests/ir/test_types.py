@@ -207,3 +207,81 @@ def test_the_named_sizes_are_the_run_time_sizes(size):
         expected = [d if isinstance(d, int) else eval(d.replace("floor", "int").replace("/", "//"), {}, env)
                     for d in infos[name].shape]
         assert list(value.shape) == expected, name
+
+
+def _embeddings():
+    """BERT's embeddings as torch's TorchScript exporter writes them: position ids sliced from a (1, 16) buffer to
+    the ids' length, token types expanded to the ids' shape through Where(Equal(shape, -1), ones, shape), a
+    Range over the batch, and a Reshape to (batch, sequence, -1, 2) whose shape is computed."""
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    rng = np.random.default_rng(0)
+    inits = [i64("positions", np.arange(16)[None]), i64("types", np.zeros((1, 16))), i64("zero", 0), i64("one", 1),
+             i64("axis0", [0]), i64("minus1", [-1]), i64("two", [2]), i64("m1", -1),
+             numpy_helper.from_array(rng.standard_normal((30, 4)).astype(np.float32), "word"),
+             numpy_helper.from_array(rng.standard_normal((16, 4)).astype(np.float32), "position"),
+             numpy_helper.from_array(rng.standard_normal((2, 4)).astype(np.float32), "type")]
+    n = helper.make_node
+    nodes = [n("Shape", ["ids"], ["shape"]),
+             n("Gather", ["shape", "zero"], ["b"], axis=0), n("Gather", ["shape", "one"], ["s"], axis=0),
+             n("Unsqueeze", ["b", "axis0"], ["b1"]), n("Unsqueeze", ["s", "axis0"], ["s1"]),
+             n("Slice", ["positions", "axis0", "s1", "axis0_plus1"], ["position_ids"]),
+             n("Concat", ["b1", "s1"], ["bs"], axis=0),
+             n("Shape", ["bs"], ["bs_len"]), n("ConstantOfShape", ["bs_len"], ["ones"],
+                                               value=numpy_helper.from_array(np.array([1], np.int64))),
+             n("Mul", ["ones", "m1"], ["minus_ones"]), n("Equal", ["bs", "minus_ones"], ["is_minus"]),
+             n("Where", ["is_minus", "ones", "bs"], ["expand_shape"]),
+             n("Slice", ["types", "axis0", "s1", "axis0_plus1"], ["types_s"]),
+             n("Expand", ["types_s", "expand_shape"], ["type_ids"]),
+             n("Gather", ["word", "ids"], ["w"]), n("Gather", ["position", "position_ids"], ["p"]),
+             n("Gather", ["type", "type_ids"], ["t"]), n("Add", ["w", "p"], ["wp"]), n("Add", ["wp", "t"], ["e"]),
+             n("Concat", ["b1", "s1", "minus1", "two"], ["heads_shape"], axis=0),
+             n("Reshape", ["e", "heads_shape"], ["heads"]),
+             n("Range", ["zero", "b", "one"], ["rows"])]
+    inits.append(i64("axis0_plus1", [1]))
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", "S"])
+    outputs = [helper.make_tensor_value_info("heads", TensorProto.FLOAT, None),
+               helper.make_tensor_value_info("rows", TensorProto.INT64, None)]
+    graph = helper.make_graph(nodes, "embeddings", [ids], outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_shapes_computed_from_the_inputs_shape_are_followed():
+    infos = infer_tensor_info(_embeddings())
+    assert infos["position_ids"].shape == (1, "S")
+    assert infos["type_ids"].shape == ("B", "S")
+    assert infos["e"].shape == ("B", "S", 4)
+    assert infos["heads"].shape == ("B", "S", 2, 2)
+    assert infos["rows"].shape == ("B",)
+
+
+def test_onnx_inference_alone_loses_the_embeddings_symbols():
+    """The case this is for (the test above can fail)."""
+    inferred = onnx.shape_inference.infer_shapes(_embeddings(), data_prop=True)
+    dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in inferred.graph.value_info}
+    assert dims["e"][:2] != ["B", "S"]
+
+
+@pytest.mark.parametrize("batch,sequence", [(2, 5), (3, 16)])
+def test_the_followed_shapes_are_the_run_time_shapes(batch, sequence):
+    import onnxruntime as ort
+
+    model = _embeddings()
+    infos = infer_tensor_info(model)
+    names = ["position_ids", "type_ids", "e", "heads", "rows"]
+    del model.graph.output[:]
+    model.graph.output.extend(helper.make_tensor_value_info(v, infos[v].elem_type, None) for v in names)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = np.random.default_rng(0).integers(0, 30, (batch, sequence))
+    sizes = {"B": batch, "S": sequence}
+    for name, value in zip(names, session.run(None, {"ids": ids})):
+        assert list(value.shape) == [sizes.get(d, d) for d in infos[name].shape], name
+
+
+def test_embeddings_train_without_run_time_reductions(tmp_path):
+    model = _embeddings()
+    del model.graph.output[1:]
+    artifacts.generate_artifacts(model, requires_grad=["word", "position", "type"], loss=artifacts.LossType.MSELoss,
+                                 artifact_directory=str(tmp_path))
+    training = onnx.load(str(tmp_path / "training_model.onnx"))
+    assert not [n.name for n in training.graph.node if n.op_type == "NonZero"]

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 __all__ = ["TensorInfo", "value_info", "infer_tensor_info", "infer_from_inputs", "redeclare", "solve_reshapes",
-           "solve_windows",
+           "solve_windows", "solve_computed_shapes",
            "np_dtype", "onnx_dtype", "FLOAT_TYPES"]
 
 FLOAT_TYPES = frozenset(
@@ -78,13 +78,16 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     filled in (:func:`solve_reshapes`), and inference runs again from there, so that what follows knows it too.
     """
     infos = _infer_once(model)
+    given = {d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
     solved: dict[str, TensorInfo] = {}
-    # Each round solves the Reshapes whose inputs the previous one made known: a transformer layer's heads'
-    # split, then their merge after the attention product, then the next layer's split (its input's batch axis
-    # comes from a residual Add of the layer's input and the merge), and so on.
-    for _ in range(sum(n.op_type == "Reshape" for n in model.graph.node) + 1):
-        found = {**solve_windows(model.graph, infos), **solve_reshapes(model.graph, infos)}
-        new = {k: v for k, v in found.items() if solved.get(k) != v}
+    # Each round solves the nodes whose inputs the previous one made known: a transformer layer's heads' split,
+    # then their merge after the attention product, then the next layer's split (its input's batch axis comes
+    # from a residual Add of the layer's input and the merge), and so on. A round that names nothing new ends it;
+    # the bound only guards against solutions that would alternate.
+    for _ in range(sum(n.op_type in _SOLVED for n in model.graph.node) + 1):
+        found = {**solve_computed_shapes(model.graph, infos), **solve_windows(model.graph, infos),
+                 **solve_reshapes(model.graph, infos)}
+        new = {k: v for k, v in found.items() if k not in solved or _stable(solved[k], given) != _stable(v, given)}
         if not new:
             break
         solved.update(new)
@@ -93,6 +96,11 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
         infos = _infer_declared(model, solved)
     return infos
 
+
+
+def _stable(info: TensorInfo, given: set[str]) -> tuple:
+    """What a solution says that the next round's inference keeps: its sizes and named symbols."""
+    return tuple(None if _fresh(d, given) else d for d in info.shape or ())
 
 
 def solve_reshapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
@@ -255,6 +263,211 @@ def solve_windows(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[
         else:  # an op that keeps its input's symbols keeps their windows
             continue
     return solved
+
+
+# A small integer vector's entries as far as they are known: ints, symbols, None; and whether it is a scalar.
+_ShapeValue = tuple[tuple[Dim, ...], bool]
+
+
+def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, _ShapeValue]:
+    """The values of ``graph``'s shape arithmetic, symbols included: ``Unsqueeze(Gather(Shape(ids), 1))`` is
+    ("sequence",). Constants, Shape, Gather, Unsqueeze, Squeeze, Concat, Cast, Identity, Reshape (of a vector),
+    ConstantOfShape, integer Add/Sub/Mul, and torch's Where(Equal(shape, -1), ..., shape) are followed."""
+    from onnxtrain.ir.passes import constant_values  # ir.passes is the heavier module; only this needs it
+
+    values: dict[str, _ShapeValue] = {}
+    flags: dict[str, tuple[bool | None, ...]] = {}  # Equal nodes' outputs, where known
+    for name, array in constant_values(graph).items():
+        if array.dtype.kind in "iu" and array.ndim <= 1 and array.size <= 64:
+            values[name] = (tuple(int(v) for v in array.reshape(-1)), array.ndim == 0)
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        known = [values.get(x) for x in node.input]
+        result: _ShapeValue | None = None
+        if node.op_type == "Shape" and node.input[0] in infos and infos[node.input[0]].shape is not None:
+            result = (infos[node.input[0]].shape[attrs.get("start", 0):attrs.get("end")], False)
+        elif node.op_type == "Gather" and attrs.get("axis", 0) == 0 and None not in known and not known[0][1]:
+            (entries, _), (indices, scalar) = known
+            if all(isinstance(i, int) and -len(entries) <= i < len(entries) for i in indices):
+                result = (tuple(entries[i] for i in indices), scalar)
+        elif node.op_type == "Unsqueeze" and known and known[0] is not None and known[0][1]:
+            result = (known[0][0], False)
+        elif node.op_type == "Squeeze" and known and known[0] is not None and len(known[0][0]) == 1:
+            result = (known[0][0], True)
+        elif node.op_type == "Concat" and known and None not in known and not any(k[1] for k in known):
+            result = (tuple(d for entries, _ in known for d in entries), False)
+        elif node.op_type in ("Cast", "Identity") and known and known[0] is not None:
+            result = known[0]
+        elif node.op_type == "ConstantOfShape" and known and known[0] is not None and \
+                all(isinstance(d, int) for d in known[0][0]) and len(known[0][0]) == 1 and "value" in attrs:
+            fill = numpy_helper.to_array(attrs["value"]).reshape(-1)
+            if fill.dtype.kind in "iu" and fill.size == 1:
+                result = ((int(fill[0]),) * known[0][0][0], False)
+        elif node.op_type in _INTEGER_ARITHMETIC and len(known) == 2 and None not in known and \
+                all(isinstance(d, int) for k in known for d in k[0]) and 1 in (len(known[0][0]), len(known[1][0])):
+            (left, left_scalar), (right, right_scalar) = known
+            count = max(len(left), len(right))
+            result = (tuple(_INTEGER_ARITHMETIC[node.op_type](left[k % len(left)], right[k % len(right)])
+                            for k in range(count)), left_scalar and right_scalar)
+        elif node.op_type == "Reshape" and None not in known and len(known[1][0]) == 1 and not known[0][1]:
+            result = (known[0][0], False)  # a vector to a vector
+        elif node.op_type == "Equal" and None not in known:
+            # torch writes expand(...) as Where(Equal(shape, -1), ones, shape): sizes are never negative
+            (left, _), (right, _) = known
+            if 1 in (len(left), len(right)) or len(left) == len(right):
+                count = max(len(left), len(right))
+                flags[node.output[0]] = tuple(_equal(left[k % len(left)], right[k % len(right)])
+                                              for k in range(count))
+        elif node.op_type == "Where" and len(node.input) == 3 and node.input[0] in flags and None not in known[1:]:
+            cond, (chosen, _), (other, _) = flags[node.input[0]], known[1], known[2]
+            if all(len(v) in (1, len(cond)) for v in (chosen, other)):
+                result = (tuple(None if c is None else chosen[k % len(chosen)] if c else other[k % len(other)]
+                                for k, c in enumerate(cond)), False)
+        if result is not None:
+            values[node.output[0]] = result
+    return values
+
+
+_INTEGER_ARITHMETIC = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b}
+
+
+def _fresh(dim: Dim, given: set[str]) -> bool:
+    """Whether ``dim`` is a symbol ONNX inference made up (unk__N): another round may give it to another size."""
+    return isinstance(dim, str) and dim.startswith("unk__") and dim not in given
+
+
+def _equal(a: Dim, b: Dim) -> bool | None:
+    """Whether the shape entries ``a`` and ``b`` are equal at every run, differ at every run (a symbol is a size:
+    never negative), or None (not known)."""
+    if a is None or b is None:
+        return None
+    if isinstance(a, int) and isinstance(b, int) or a == b:
+        return a == b
+    other = a if isinstance(a, int) else b
+    return False if isinstance(other, int) and other < 0 else None
+
+
+def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """The outputs of ``graph``'s Slice, Expand, Range and Reshape nodes whose bounds or shapes are computed from a
+    shape. ONNX reads such inputs only when they are constants and otherwise gives every axis a fresh symbol, the
+    axes a Slice does not touch included.
+
+    transformers takes BERT's position ids as ``position_ids[:, :sequence_length]`` and its token types as
+    ``token_type_ids[:, :sequence_length].expand(batch, sequence_length)``, the sizes read from the input ids'
+    shape. From the first Add on, the whole network's batch and sequence axes were fresh symbols, and every
+    broadcast against the attention mask reduced at run time. Solved, with the shape arithmetic followed
+    symbolically (Shape, Gather, Unsqueeze, Concat, ...):
+
+    - Slice: the axes not sliced keep the input's sizes; a sliced axis from 0 with step 1 to a graph input's
+      symbol has that size when its own size is that symbol or a fixed size above 1 (larger than the symbol, or
+      the broadcasts after it would fail), to the end (an end past any size) keeps its size, and between
+      constants on a fixed size it is computed; other sliced axes keep their fresh symbols.
+    - Expand: each axis is the broadcast of the input's size and the shape's entry where one is 1 or both are
+      equal.
+    - Range from 0 by 1 to a graph input's symbol has that size.
+    - Reshape to a shape of known entries (0 copies the input's size; a -1 is solved when the symbols cancel).
+    """
+    given = {d.dim_param for i in graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
+    values: dict[str, _ShapeValue] | None = None
+    solved: dict[str, TensorInfo] = {}
+    for node in graph.node:
+        if node.op_type not in _COMPUTED or node.domain not in ("", "ai.onnx"):
+            continue
+        out = infos.get(node.output[0])
+        if out is None or out.shape is None or out.static_shape is not None:
+            continue
+        if values is None:
+            values = _shape_values(graph, infos)
+        shape = _COMPUTED[node.op_type](node, infos, values, given)
+        if shape is not None and len(shape) == len(out.shape):
+            shape = tuple(out.shape[a] if d is None or _fresh(d, given) else d for a, d in enumerate(shape))
+            if shape != tuple(out.shape):
+                solved[node.output[0]] = TensorInfo(out.elem_type, shape)
+    return solved
+
+
+def _sliced(node, infos, values, given) -> list[Dim] | None:
+    data = infos.get(node.input[0])
+    bounds = [values.get(x) if x else None for x in node.input[1:5]]
+    if data is None or data.shape is None or len(bounds) < 2 or bounds[0] is None or bounds[1] is None:
+        return None
+    if any(x and b is None for x, b in zip(node.input[3:5], bounds[2:])):
+        return None  # axes or steps computed at run time
+    starts, ends = bounds[0][0], bounds[1][0]
+    rank = len(data.shape)
+    axes = bounds[2][0] if len(bounds) > 2 and bounds[2] is not None else tuple(range(len(starts)))
+    steps = bounds[3][0] if len(bounds) > 3 and bounds[3] is not None else (1,) * len(starts)
+    if not all(isinstance(v, int) for v in (*starts, *axes, *steps)) or not len(starts) == len(ends) == len(axes) \
+            == len(steps) or any(not -rank <= a < rank for a in axes):
+        return None
+    shape = list(data.shape)
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        shape[axis % rank] = _sliced_size(data.shape[axis % rank], start, end, step, given)
+    return shape
+
+
+def _expanded(node, infos, values, given) -> list[Dim] | None:
+    data, target = infos.get(node.input[0]), values.get(node.input[1])
+    if data is None or data.shape is None or target is None:
+        return None
+    entries = target[0]
+    rank = max(len(data.shape), len(entries))
+    padded = (1,) * (rank - len(data.shape)) + tuple(data.shape)
+    entries = (1,) * (rank - len(entries)) + tuple(entries)
+    shape: list[Dim] = []
+    for size, entry in zip(padded, entries):
+        if entry == 1 or entry == size:
+            shape.append(size)
+        elif size == 1 and (isinstance(entry, int) or entry in given):
+            shape.append(entry)
+        else:
+            shape.append(None)
+    return shape
+
+
+def _range(node, infos, values, given) -> list[Dim] | None:
+    start, limit, delta = (values.get(x) for x in node.input[:3])
+    if start is None or limit is None or delta is None or start[0] != (0,) or delta[0] != (1,):
+        return None
+    return [limit[0][0]] if len(limit[0]) == 1 and limit[0][0] in given else None
+
+
+def _reshaped(node, infos, values, given) -> list[Dim] | None:
+    data, target = infos.get(node.input[0]), values.get(node.input[1])
+    if data is None or data.shape is None or target is None or None in data.shape:
+        return None
+    keep_zero = any(a.name == "allowzero" and a.i for a in node.attribute)
+    dims = [data.shape[k] if e == 0 and not keep_zero and k < len(data.shape) else e for k, e in enumerate(target[0])]
+    if -1 in dims:
+        left = collections.Counter(d for d in data.shape if isinstance(d, str))
+        right = collections.Counter(d for d in dims if isinstance(d, str))
+        known_in = math.prod(d for d in data.shape if isinstance(d, int))
+        known_out = math.prod(d for d in dims if isinstance(d, int) and d != -1)
+        solvable = left == right and None not in dims and dims.count(-1) == 1 and known_out and not known_in % known_out
+        dims[dims.index(-1)] = known_in // known_out if solvable else None
+    return dims
+
+
+_COMPUTED = {"Slice": _sliced, "Expand": _expanded, "Range": _range, "Reshape": _reshaped}
+_SOLVED = frozenset({*_COMPUTED, *_WINDOWED})
+
+
+def _sliced_size(size: Dim, start: int, end: Dim, step: int, given: set[str]) -> Dim:
+    """The size of ``size`` sliced from ``start`` to ``end`` by ``step`` where it is known (see
+    solve_computed_shapes)."""
+    if step != 1:
+        return None
+    if isinstance(end, int) and isinstance(size, int):
+        begin = min(max(start + size if start < 0 else start, 0), size)
+        stop = min(max(end + size if end < 0 else end, 0), size)
+        return max(stop - begin, 0)
+    if start == 0 and isinstance(end, int) and end >= 2**31 - 1:
+        return size
+    if start == 0 and isinstance(end, str) and (end == size or (end in given and isinstance(size, int) and size > 1)):
+        return end
+    return None
 
 
 def _infer_declared(model: onnx.ModelProto, declared: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
