@@ -103,7 +103,7 @@ def _residual_inputs(size, rng):
 def test_residual_blocks_with_dynamic_spatial_axes(size):
     """Adds joining convolution and pool branches of run-time size: the gradients match finite differences at
     odd and even sizes."""
-    from tests.ir.test_types import _residual_cnn
+    from tests.ir.test_symbolic import _residual_cnn
 
     inputs = _residual_inputs(size, np.random.default_rng(0))
     report = check_gradients(_residual_cnn(), inputs, list(inputs), kink_tol=1e-3)
@@ -111,10 +111,10 @@ def test_residual_blocks_with_dynamic_spatial_axes(size):
 
 
 def test_residual_blocks_reduce_no_axis_at_run_time(tmp_path):
-    """The sizes are named after the input's (ir.types.solve_windows), so the training graph has no reduction
+    """The sizes are named after the input's (ir.symbolic.solve_windows), so the training graph has no reduction
     over axes computed at run time (a NonZero per reduction before)."""
     from onnx import numpy_helper
-    from tests.ir.test_types import _residual_cnn
+    from tests.ir.test_symbolic import _residual_cnn
 
     from onnxtrain import artifacts
 

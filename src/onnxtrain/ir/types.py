@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import collections
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
-__all__ = ["TensorInfo", "value_info", "infer_tensor_info", "infer_from_inputs", "redeclare", "solve_reshapes",
-           "solve_windows", "solve_computed_shapes",
-           "np_dtype", "onnx_dtype", "FLOAT_TYPES"]
+__all__ = ["TensorInfo", "value_info", "infer_tensor_info", "infer_from_inputs", "redeclare", "np_dtype",
+           "onnx_dtype", "FLOAT_TYPES"]
 
 FLOAT_TYPES = frozenset(
     {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
@@ -74,20 +71,23 @@ def value_info(name: str, info: TensorInfo | None) -> onnx.ValueInfoProto:
 def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     """Run ONNX shape inference (without changing ``model``) and map every typed value name to its info.
 
-    A Reshape's output dimension that ONNX inference leaves unknown but that the element count determines is
-    filled in (:func:`solve_reshapes`), and inference runs again from there, so that what follows knows it too.
+    Sizes ONNX inference leaves unknown but that follow from the inputs' (a Reshape's -1 from the element count, a
+    convolution's output from its input's, a Slice to a length read from a shape) are filled in
+    (:mod:`onnxtrain.ir.symbolic`), and inference runs again from there, so that what follows knows them too.
     """
+    from onnxtrain.ir import symbolic  # it builds on TensorInfo: imported here, not at the top
+
     infos = _infer_once(model)
-    given = {d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
+    given = symbolic.input_symbols(model.graph)
     solved: dict[str, TensorInfo] = {}
     # Each round solves the nodes whose inputs the previous one made known: a transformer layer's heads' split,
     # then their merge after the attention product, then the next layer's split (its input's batch axis comes
     # from a residual Add of the layer's input and the merge), and so on. A round that names nothing new ends it;
     # the bound only guards against solutions that would alternate.
-    for _ in range(sum(n.op_type in _SOLVED for n in model.graph.node) + 1):
-        found = {**solve_computed_shapes(model.graph, infos), **solve_windows(model.graph, infos),
-                 **solve_reshapes(model.graph, infos)}
-        new = {k: v for k, v in found.items() if k not in solved or _stable(solved[k], given) != _stable(v, given)}
+    for _ in range(sum(n.op_type in symbolic.SOLVED for n in model.graph.node) + 1):
+        found = symbolic.solve(model.graph, infos)
+        new = {k: v for k, v in found.items()
+               if k not in solved or symbolic.stable(solved[k], given) != symbolic.stable(v, given)}
         if not new:
             break
         solved.update(new)
@@ -96,378 +96,6 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
         infos = _infer_declared(model, solved)
     return infos
 
-
-
-def _stable(info: TensorInfo, given: set[str]) -> tuple:
-    """What a solution says that the next round's inference keeps: its sizes and named symbols."""
-    return tuple(None if _fresh(d, given) else d for d in info.shape or ())
-
-
-def solve_reshapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
-    """The outputs of ``graph``'s Reshapes whose one unknown dimension follows from the element count.
-
-    Exporters write a reshape's target with a -1 or with sizes computed at run time (transformers' attention:
-    ``view(*batch_and_sequence, -1, head_size)``), and ONNX inference gives such a dimension a fresh symbol even
-    when the input's symbols cancel out: (b, s, 384) -> (b, s, ?, 32) has ? = 12 at every b and s. A dimension
-    left unknown that way made the heads' axis of the attention product a different symbol for its two operands,
-    and their gradients reduced over it at run time (a full copy each). The same happens to the batch axis when
-    the target's batch size is computed at run time: (b, 64, 128) -> (?, 64, 4, 32) has ? = b. Solved: exactly
-    one output dimension is unknown after the symbols the input and output share are cancelled, and the input
-    has none left over (the size is the quotient of the known sizes) or one, with the known sizes equal (the
-    size is that symbol, when it is one of the graph inputs' symbols). Symbols compare by name, which within one
-    inference means equal sizes; sizes are taken to be nonzero, as a reshape's -1 needs.
-    """
-    # the inputs' symbols: one of inference's own (unk__N) may name another dimension in the next round
-    given = {d.dim_param for i in graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
-    solved: dict[str, TensorInfo] = {}
-    for node in graph.node:
-        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
-            continue
-        source, target = infos.get(node.input[0]), infos.get(node.output[0])
-        if source is None or target is None or source.shape is None or target.shape is None:
-            continue
-        if target.static_shape is not None or any(d is None for d in source.shape):
-            continue
-        left = collections.Counter(d for d in source.shape if isinstance(d, str))
-        right = collections.Counter(d for d in target.shape if not isinstance(d, int))
-        shared = left & right
-        left, right = left - shared, right - shared
-        if sum(left.values()) > 1 or sum(right.values()) != 1:
-            continue
-        unknown = next(iter(right))
-        if unknown in shared:  # a symbol the input has once and the output twice: not one unknown size
-            continue
-        known_in = math.prod(d for d in source.shape if isinstance(d, int))
-        known_out = math.prod(d for d in target.shape if isinstance(d, int))
-        if known_in == 0 or known_out == 0:
-            continue
-        if left:  # one symbol left over: the unknown is that symbol when the known sizes match
-            size = next(iter(left))
-            if known_in != known_out or size not in given:
-                continue
-        elif known_in % known_out:
-            continue
-        else:
-            size = known_in // known_out
-        solved[node.output[0]] = TensorInfo(target.elem_type, tuple(size if d == unknown else d for d in target.shape))
-    return solved
-
-
-# A spatial size computed from an input's symbol by convolutions and pools: floor((base + offset) / stride).
-_Window = tuple[str, int, int]
-
-_WINDOWED = frozenset({"Conv", "MaxPool", "AveragePool", "LpPool"})
-_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "PRelu"})
-
-
-def _window_name(size: _Window) -> str:
-    base, offset, stride = size
-    if stride == 1:
-        return base if offset == 0 else f"{base}{offset:+d}"
-    return f"floor(({base}{offset:+d})/{stride})" if offset else f"floor({base}/{stride})"
-
-
-def _window_attrs(node: onnx.NodeProto, kernel: tuple) -> list[tuple[int, int]] | None:
-    """(offset, stride) per spatial axis with out = floor((in + offset) / stride), or None (a padding mode or a
-    ceil mode this does not follow)."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    rank = len(kernel)
-    if attrs.get("ceil_mode", 0) or any(not isinstance(k, int) for k in kernel):
-        return None
-    strides = list(attrs.get("strides", [1] * rank))
-    dilations = list(attrs.get("dilations", [1] * rank))
-    auto_pad = attrs.get("auto_pad", b"NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        return [(s - 1, s) for s in strides]  # ceil(in / s)
-    pads = list(attrs.get("pads", [0] * 2 * rank)) if auto_pad == "NOTSET" else [0] * 2 * rank
-    if auto_pad not in ("NOTSET", "VALID") or len(pads) != 2 * rank or len(strides) != rank:
-        return None
-    # floor((in + pads - d (k - 1) - 1) / s) + 1
-    return [(pads[i] + pads[i + rank] - dilations[i] * (kernel[i] - 1) - 1 + strides[i], strides[i])
-            for i in range(rank)]
-
-
-def solve_windows(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
-    """The outputs of ``graph``'s convolutions and pools (and of the broadcasting ops that join them) whose
-    spatial sizes follow from an input's symbol, named after it: ``floor((height+1)/2)``.
-
-    ONNX inference gives a convolution's output a fresh symbol for each spatial axis of run-time size, even for a
-    3x3 convolution with padding 1, whose output has its input's size. Two branches of a residual block then
-    have different symbols, and the gradient of the Add that joins them reduced over its spatial axes at run time
-    (a copy of the activation per Add and step, and the nodes that compute the axes). The size is
-    floor((in + offset) / stride), and a chain of them is one such floor, so equal sizes get equal names:
-    floor((floor((h + a) / s) + b) / t) = floor((h + a + b s) / (s t)). A Conv's padding mode (explicit pads,
-    VALID, SAME_*) is followed; ceil_mode pools are left alone.
-    """
-    given = {d.dim_param for i in graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
-    windows: dict[str, _Window] = {symbol: (symbol, 0, 1) for symbol in given}
-    solved: dict[str, TensorInfo] = {}
-
-    def window(dim) -> _Window | None:
-        return windows.get(dim) if isinstance(dim, str) else None
-
-    def settle(name: str, shape: tuple, sizes: dict[int, _Window]) -> None:
-        """Name the dimensions ``sizes`` of ``name``; the fresh symbols they replace mean the same sizes."""
-        new = list(shape)
-        for axis, size in sizes.items():
-            if isinstance(shape[axis], str) and shape[axis] not in windows:
-                windows[shape[axis]] = size
-            new[axis] = _window_name(size)
-            windows[new[axis]] = size
-        if tuple(new) != tuple(shape):
-            solved[name] = TensorInfo(infos[name].elem_type, tuple(new))
-
-    for node in graph.node:
-        if node.domain not in ("", "ai.onnx") or not node.output or node.output[0] not in infos:
-            continue
-        out = infos[node.output[0]].shape
-        if out is None:
-            continue
-        if node.op_type in _WINDOWED:
-            source = infos.get(node.input[0])
-            if source is None or source.shape is None or len(source.shape) != len(out) or len(out) < 3:
-                continue
-            kernel = None
-            for a in node.attribute:
-                if a.name == "kernel_shape":
-                    kernel = tuple(a.ints)
-            if kernel is None and node.op_type == "Conv" and len(node.input) > 1 and node.input[1] in infos:
-                weight = infos[node.input[1]].shape
-                kernel = tuple(weight[2:]) if weight is not None else None
-            steps = _window_attrs(node, kernel) if kernel is not None and len(kernel) == len(out) - 2 else None
-            if steps is None:
-                continue
-            sizes = {}
-            for axis, (offset, stride) in enumerate(steps, start=2):
-                size = window(source.shape[axis])
-                if size is not None and not isinstance(out[axis], int):
-                    base, a, s = size
-                    sizes[axis] = (base, a + offset * s, s * stride)
-            settle(node.output[0], out, sizes)
-        elif node.op_type in _BROADCASTING:
-            shapes = [infos[i].shape for i in node.input if i and i in infos]
-            if len(shapes) != len([i for i in node.input if i]) or any(sh is None for sh in shapes):
-                continue
-            sizes = {}
-            for axis in range(len(out)):
-                if isinstance(out[axis], int):
-                    continue
-                back = len(out) - axis
-                dims = [sh[len(sh) - back] for sh in shapes if len(sh) >= back]
-                dims = [d for d in dims if d != 1]
-                found = {window(d) for d in dims}
-                if len(found) == 1 and None not in found and dims:
-                    sizes[axis] = found.pop()
-            settle(node.output[0], out, sizes)
-        else:  # an op that keeps its input's symbols keeps their windows
-            continue
-    return solved
-
-
-# A small integer vector's entries as far as they are known: ints, symbols, None; and whether it is a scalar.
-_ShapeValue = tuple[tuple[Dim, ...], bool]
-
-
-def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, _ShapeValue]:
-    """The values of ``graph``'s shape arithmetic, symbols included: ``Unsqueeze(Gather(Shape(ids), 1))`` is
-    ("sequence",). Constants, Shape, Gather, Unsqueeze, Squeeze, Concat, Cast, Identity, Reshape (of a vector),
-    ConstantOfShape, integer Add/Sub/Mul, and torch's Where(Equal(shape, -1), ..., shape) are followed."""
-    from onnxtrain.ir.passes import constant_values  # ir.passes is the heavier module; only this needs it
-
-    values: dict[str, _ShapeValue] = {}
-    flags: dict[str, tuple[bool | None, ...]] = {}  # Equal nodes' outputs, where known
-    for name, array in constant_values(graph).items():
-        if array.dtype.kind in "iu" and array.ndim <= 1 and array.size <= 64:
-            values[name] = (tuple(int(v) for v in array.reshape(-1)), array.ndim == 0)
-    for node in graph.node:
-        if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
-            continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        known = [values.get(x) for x in node.input]
-        result: _ShapeValue | None = None
-        if node.op_type == "Shape" and node.input[0] in infos and infos[node.input[0]].shape is not None:
-            result = (infos[node.input[0]].shape[attrs.get("start", 0):attrs.get("end")], False)
-        elif node.op_type == "Gather" and attrs.get("axis", 0) == 0 and None not in known and not known[0][1]:
-            (entries, _), (indices, scalar) = known
-            if all(isinstance(i, int) and -len(entries) <= i < len(entries) for i in indices):
-                result = (tuple(entries[i] for i in indices), scalar)
-        elif node.op_type == "Unsqueeze" and known and known[0] is not None and known[0][1]:
-            result = (known[0][0], False)
-        elif node.op_type == "Squeeze" and known and known[0] is not None and len(known[0][0]) == 1:
-            result = (known[0][0], True)
-        elif node.op_type == "Concat" and known and None not in known and not any(k[1] for k in known):
-            result = (tuple(d for entries, _ in known for d in entries), False)
-        elif node.op_type in ("Cast", "Identity") and known and known[0] is not None:
-            result = known[0]
-        elif node.op_type == "ConstantOfShape" and known and known[0] is not None and \
-                all(isinstance(d, int) for d in known[0][0]) and len(known[0][0]) == 1 and "value" in attrs:
-            fill = numpy_helper.to_array(attrs["value"]).reshape(-1)
-            if fill.dtype.kind in "iu" and fill.size == 1:
-                result = ((int(fill[0]),) * known[0][0][0], False)
-        elif node.op_type in _INTEGER_ARITHMETIC and len(known) == 2 and None not in known and \
-                all(isinstance(d, int) for k in known for d in k[0]) and 1 in (len(known[0][0]), len(known[1][0])):
-            (left, left_scalar), (right, right_scalar) = known
-            count = max(len(left), len(right))
-            result = (tuple(_INTEGER_ARITHMETIC[node.op_type](left[k % len(left)], right[k % len(right)])
-                            for k in range(count)), left_scalar and right_scalar)
-        elif node.op_type == "Reshape" and None not in known and len(known[1][0]) == 1 and not known[0][1]:
-            result = (known[0][0], False)  # a vector to a vector
-        elif node.op_type == "Equal" and None not in known:
-            # torch writes expand(...) as Where(Equal(shape, -1), ones, shape): sizes are never negative
-            (left, _), (right, _) = known
-            if 1 in (len(left), len(right)) or len(left) == len(right):
-                count = max(len(left), len(right))
-                flags[node.output[0]] = tuple(_equal(left[k % len(left)], right[k % len(right)])
-                                              for k in range(count))
-        elif node.op_type == "Where" and len(node.input) == 3 and node.input[0] in flags and None not in known[1:]:
-            cond, (chosen, _), (other, _) = flags[node.input[0]], known[1], known[2]
-            if all(len(v) in (1, len(cond)) for v in (chosen, other)):
-                result = (tuple(None if c is None else chosen[k % len(chosen)] if c else other[k % len(other)]
-                                for k, c in enumerate(cond)), False)
-        if result is not None:
-            values[node.output[0]] = result
-    return values
-
-
-_INTEGER_ARITHMETIC = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b}
-
-
-def _fresh(dim: Dim, given: set[str]) -> bool:
-    """Whether ``dim`` is a symbol ONNX inference made up (unk__N): another round may give it to another size."""
-    return isinstance(dim, str) and dim.startswith("unk__") and dim not in given
-
-
-def _equal(a: Dim, b: Dim) -> bool | None:
-    """Whether the shape entries ``a`` and ``b`` are equal at every run, differ at every run (a symbol is a size:
-    never negative), or None (not known)."""
-    if a is None or b is None:
-        return None
-    if isinstance(a, int) and isinstance(b, int) or a == b:
-        return a == b
-    other = a if isinstance(a, int) else b
-    return False if isinstance(other, int) and other < 0 else None
-
-
-def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
-    """The outputs of ``graph``'s Slice, Expand, Range and Reshape nodes whose bounds or shapes are computed from a
-    shape. ONNX reads such inputs only when they are constants and otherwise gives every axis a fresh symbol, the
-    axes a Slice does not touch included.
-
-    transformers takes BERT's position ids as ``position_ids[:, :sequence_length]`` and its token types as
-    ``token_type_ids[:, :sequence_length].expand(batch, sequence_length)``, the sizes read from the input ids'
-    shape. From the first Add on, the whole network's batch and sequence axes were fresh symbols, and every
-    broadcast against the attention mask reduced at run time. Solved, with the shape arithmetic followed
-    symbolically (Shape, Gather, Unsqueeze, Concat, ...):
-
-    - Slice: the axes not sliced keep the input's sizes; a sliced axis from 0 with step 1 to a graph input's
-      symbol has that size when its own size is that symbol or a fixed size above 1 (larger than the symbol, or
-      the broadcasts after it would fail), to the end (an end past any size) keeps its size, and between
-      constants on a fixed size it is computed; other sliced axes keep their fresh symbols.
-    - Expand: each axis is the broadcast of the input's size and the shape's entry where one is 1 or both are
-      equal.
-    - Range from 0 by 1 to a graph input's symbol has that size.
-    - Reshape to a shape of known entries (0 copies the input's size; a -1 is solved when the symbols cancel).
-    """
-    given = {d.dim_param for i in graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
-    values: dict[str, _ShapeValue] | None = None
-    solved: dict[str, TensorInfo] = {}
-    for node in graph.node:
-        if node.op_type not in _COMPUTED or node.domain not in ("", "ai.onnx"):
-            continue
-        out = infos.get(node.output[0])
-        if out is None or out.shape is None or out.static_shape is not None:
-            continue
-        if values is None:
-            values = _shape_values(graph, infos)
-        shape = _COMPUTED[node.op_type](node, infos, values, given)
-        if shape is not None and len(shape) == len(out.shape):
-            shape = tuple(out.shape[a] if d is None or _fresh(d, given) else d for a, d in enumerate(shape))
-            if shape != tuple(out.shape):
-                solved[node.output[0]] = TensorInfo(out.elem_type, shape)
-    return solved
-
-
-def _sliced(node, infos, values, given) -> list[Dim] | None:
-    data = infos.get(node.input[0])
-    bounds = [values.get(x) if x else None for x in node.input[1:5]]
-    if data is None or data.shape is None or len(bounds) < 2 or bounds[0] is None or bounds[1] is None:
-        return None
-    if any(x and b is None for x, b in zip(node.input[3:5], bounds[2:])):
-        return None  # axes or steps computed at run time
-    starts, ends = bounds[0][0], bounds[1][0]
-    rank = len(data.shape)
-    axes = bounds[2][0] if len(bounds) > 2 and bounds[2] is not None else tuple(range(len(starts)))
-    steps = bounds[3][0] if len(bounds) > 3 and bounds[3] is not None else (1,) * len(starts)
-    if not all(isinstance(v, int) for v in (*starts, *axes, *steps)) or not len(starts) == len(ends) == len(axes) \
-            == len(steps) or any(not -rank <= a < rank for a in axes):
-        return None
-    shape = list(data.shape)
-    for start, end, axis, step in zip(starts, ends, axes, steps):
-        shape[axis % rank] = _sliced_size(data.shape[axis % rank], start, end, step, given)
-    return shape
-
-
-def _expanded(node, infos, values, given) -> list[Dim] | None:
-    data, target = infos.get(node.input[0]), values.get(node.input[1])
-    if data is None or data.shape is None or target is None:
-        return None
-    entries = target[0]
-    rank = max(len(data.shape), len(entries))
-    padded = (1,) * (rank - len(data.shape)) + tuple(data.shape)
-    entries = (1,) * (rank - len(entries)) + tuple(entries)
-    shape: list[Dim] = []
-    for size, entry in zip(padded, entries):
-        if entry == 1 or entry == size:
-            shape.append(size)
-        elif size == 1 and (isinstance(entry, int) or entry in given):
-            shape.append(entry)
-        else:
-            shape.append(None)
-    return shape
-
-
-def _range(node, infos, values, given) -> list[Dim] | None:
-    start, limit, delta = (values.get(x) for x in node.input[:3])
-    if start is None or limit is None or delta is None or start[0] != (0,) or delta[0] != (1,):
-        return None
-    return [limit[0][0]] if len(limit[0]) == 1 and limit[0][0] in given else None
-
-
-def _reshaped(node, infos, values, given) -> list[Dim] | None:
-    data, target = infos.get(node.input[0]), values.get(node.input[1])
-    if data is None or data.shape is None or target is None or None in data.shape:
-        return None
-    keep_zero = any(a.name == "allowzero" and a.i for a in node.attribute)
-    dims = [data.shape[k] if e == 0 and not keep_zero and k < len(data.shape) else e for k, e in enumerate(target[0])]
-    if -1 in dims:
-        left = collections.Counter(d for d in data.shape if isinstance(d, str))
-        right = collections.Counter(d for d in dims if isinstance(d, str))
-        known_in = math.prod(d for d in data.shape if isinstance(d, int))
-        known_out = math.prod(d for d in dims if isinstance(d, int) and d != -1)
-        solvable = left == right and None not in dims and dims.count(-1) == 1 and known_out and not known_in % known_out
-        dims[dims.index(-1)] = known_in // known_out if solvable else None
-    return dims
-
-
-_COMPUTED = {"Slice": _sliced, "Expand": _expanded, "Range": _range, "Reshape": _reshaped}
-_SOLVED = frozenset({*_COMPUTED, *_WINDOWED})
-
-
-def _sliced_size(size: Dim, start: int, end: Dim, step: int, given: set[str]) -> Dim:
-    """The size of ``size`` sliced from ``start`` to ``end`` by ``step`` where it is known (see
-    solve_computed_shapes)."""
-    if step != 1:
-        return None
-    if isinstance(end, int) and isinstance(size, int):
-        begin = min(max(start + size if start < 0 else start, 0), size)
-        stop = min(max(end + size if end < 0 else end, 0), size)
-        return max(stop - begin, 0)
-    if start == 0 and isinstance(end, int) and end >= 2**31 - 1:
-        return size
-    if start == 0 and isinstance(end, str) and (end == size or (end in given and isinstance(size, int) and size > 1)):
-        return end
-    return None
 
 
 def _infer_declared(model: onnx.ModelProto, declared: dict[str, TensorInfo]) -> dict[str, TensorInfo]:

@@ -4,7 +4,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxtrain import artifacts
-from onnxtrain.ir.types import TensorInfo, infer_tensor_info, solve_reshapes
+from onnxtrain.ir.symbolic import solve_reshapes
+from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
 
 def _attention_heads(heads_target):
