@@ -160,7 +160,18 @@ def _infer_once(nodes: Sequence[onnx.NodeProto], known: Mapping[str, TensorInfo]
             inits.append(numpy_helper.from_array(np.asarray(constants[name]), name))
         elif name in known:
             inputs.append(value_info(name, known[name]))
-    graph = helper.make_graph(list(nodes), "subgraph", inputs, [], initializer=inits)
+    # what is known of the nodes' outputs (sizes solved from the inputs' symbols) is declared, so inference starts
+    # from it; a folded constant's static size still overrides a declared symbol, and inference's own symbols
+    # (unk__N) are left out, since a declared symbol would override the one inference finds
+    declared = [value_info(o, _named(known[o])) for n in nodes for o in n.output
+                if o in known and o not in constants and known[o].shape is not None]
+    graph = helper.make_graph(list(nodes), "subgraph", inputs, [], initializer=inits, value_info=declared)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 10
     return infer_tensor_info(model)
+
+
+def _named(info: TensorInfo) -> TensorInfo:
+    """``info`` without the symbols ONNX inference made up."""
+    return TensorInfo(info.elem_type, tuple(None if isinstance(d, str) and d.startswith("unk__") else d
+                                            for d in info.shape))

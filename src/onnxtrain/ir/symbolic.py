@@ -21,12 +21,16 @@ from onnx import helper, numpy_helper
 from onnxtrain.ir.passes import constant_values
 from onnxtrain.ir.types import Dim, TensorInfo
 
-__all__ = ["solve", "solve_reshapes", "solve_windows", "solve_computed_shapes", "input_symbols", "stable", "SOLVED"]
+__all__ = ["solve", "solve_reshapes", "solve_windows", "solve_computed_shapes", "input_symbols", "integer_constants",
+           "stable", "SOLVED", "ShapeValue"]
 
 
-def solve(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
-    """Every solver's findings for one round of inference results ``infos``."""
-    return {**solve_computed_shapes(graph, infos), **solve_windows(graph, infos), **solve_reshapes(graph, infos)}
+def solve(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
+          constants: dict[str, ShapeValue] | None = None) -> dict[str, TensorInfo]:
+    """Every solver's findings for one round of inference results ``infos`` (``constants``: the graph's
+    :func:`integer_constants`, computed once for several rounds)."""
+    return {**solve_computed_shapes(graph, infos, constants), **solve_windows(graph, infos),
+            **solve_reshapes(graph, infos)}
 
 
 def input_symbols(graph: onnx.GraphProto) -> set[str]:
@@ -136,6 +140,8 @@ def solve_windows(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[
     floor((floor((h + a) / s) + b) / t) = floor((h + a + b s) / (s t)). A Conv's padding mode (explicit pads,
     VALID, SAME_*) is followed; ceil_mode pools are left alone.
     """
+    if not any(n.op_type in _WINDOWED for n in graph.node):
+        return {}
     given = input_symbols(graph)
     windows: dict[str, _Window] = {symbol: (symbol, 0, 1) for symbol in given}
     solved: dict[str, TensorInfo] = {}
@@ -202,25 +208,34 @@ def solve_windows(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[
 
 
 # A small integer vector's entries as far as they are known: ints, symbols, None; and whether it is a scalar.
-_ShapeValue = tuple[tuple[Dim, ...], bool]
+ShapeValue = tuple[tuple[Dim, ...], bool]
+
+_FOLLOWED = frozenset({"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Cast", "Identity", "ConstantOfShape",
+                       "Add", "Sub", "Mul", "Reshape", "Equal", "Where"})
 
 
-def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, _ShapeValue]:
+def integer_constants(graph: onnx.GraphProto) -> dict[str, ShapeValue]:
+    """``graph``'s integer scalars and vectors of at most 64 entries (initializers and Constant nodes)."""
+    return {name: (tuple(int(v) for v in array.reshape(-1)), array.ndim == 0)
+            for name, array in constant_values(graph).items()
+            if array.dtype.kind in "iu" and array.ndim <= 1 and array.size <= 64}
+
+
+def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
+                  constants: dict[str, ShapeValue]) -> dict[str, ShapeValue]:
     """The values of ``graph``'s shape arithmetic, symbols included: ``Unsqueeze(Gather(Shape(ids), 1))`` is
     ("sequence",). Constants, Shape, Gather, Unsqueeze, Squeeze, Concat, Cast, Identity, Reshape (of a vector),
     ConstantOfShape, integer Add/Sub/Mul, and torch's Where(Equal(shape, -1), ..., shape) are followed."""
-
-    values: dict[str, _ShapeValue] = {}
+    values = dict(constants)
     flags: dict[str, tuple[bool | None, ...]] = {}  # Equal nodes' outputs, where known
-    for name, array in constant_values(graph).items():
-        if array.dtype.kind in "iu" and array.ndim <= 1 and array.size <= 64:
-            values[name] = (tuple(int(v) for v in array.reshape(-1)), array.ndim == 0)
     for node in graph.node:
-        if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+        if node.op_type not in _FOLLOWED or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+            continue
+        known = [values.get(x) for x in node.input]
+        if node.op_type != "Shape" and not any(known) and node.input[0] not in flags:
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        known = [values.get(x) for x in node.input]
-        result: _ShapeValue | None = None
+        result: ShapeValue | None = None
         if node.op_type == "Shape" and node.input[0] in infos and infos[node.input[0]].shape is not None:
             result = (infos[node.input[0]].shape[attrs.get("start", 0):attrs.get("end")], False)
         elif node.op_type == "Gather" and attrs.get("axis", 0) == 0 and None not in known and not known[0][1]:
@@ -285,7 +300,8 @@ def _equal(a: Dim, b: Dim) -> bool | None:
     return False if isinstance(other, int) and other < 0 else None
 
 
-def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
+                          constants: dict[str, ShapeValue] | None = None) -> dict[str, TensorInfo]:
     """The outputs of ``graph``'s Slice, Expand, Range and Reshape nodes whose bounds or shapes are computed from a
     shape. ONNX reads such inputs only when they are constants and otherwise gives every axis a fresh symbol, the
     axes a Slice does not touch included.
@@ -306,7 +322,7 @@ def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) 
     - Reshape to a shape of known entries (0 copies the input's size; a -1 is solved when the symbols cancel).
     """
     given = input_symbols(graph)
-    values: dict[str, _ShapeValue] | None = None
+    values: dict[str, ShapeValue] | None = None
     solved: dict[str, TensorInfo] = {}
     for node in graph.node:
         if node.op_type not in _COMPUTED or node.domain not in ("", "ai.onnx"):
@@ -315,7 +331,7 @@ def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) 
         if out is None or out.shape is None or out.static_shape is not None:
             continue
         if values is None:
-            values = _shape_values(graph, infos)
+            values = _shape_values(graph, infos, integer_constants(graph) if constants is None else constants)
         shape = _COMPUTED[node.op_type](node, infos, values, given)
         if shape is not None and len(shape) == len(out.shape):
             shape = tuple(out.shape[a] if d is None or _fresh(d, given) else d for a, d in enumerate(shape))

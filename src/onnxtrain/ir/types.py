@@ -78,14 +78,14 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     from onnxtrain.ir import symbolic  # it builds on TensorInfo: imported here, not at the top
 
     infos = _infer_once(model)
-    given = symbolic.input_symbols(model.graph)
+    given, constants = symbolic.input_symbols(model.graph), symbolic.integer_constants(model.graph)
     solved: dict[str, TensorInfo] = {}
     # Each round solves the nodes whose inputs the previous one made known: a transformer layer's heads' split,
     # then their merge after the attention product, then the next layer's split (its input's batch axis comes
     # from a residual Add of the layer's input and the merge), and so on. A round that names nothing new ends it;
     # the bound only guards against solutions that would alternate.
     for _ in range(sum(n.op_type in symbolic.SOLVED for n in model.graph.node) + 1):
-        found = symbolic.solve(model.graph, infos)
+        found = symbolic.solve(model.graph, infos, constants)
         new = {k: v for k, v in found.items()
                if k not in solved or symbolic.stable(solved[k], given) != symbolic.stable(v, given)}
         if not new:
