@@ -47,22 +47,26 @@ def test_onnx_inference_alone_leaves_the_heads_unknown():
 
 
 @pytest.mark.parametrize("source,target,expected", [
-    (("b", "s", 384), ("b", "s", "u", 32), ("b", "s", 12, 32)),
+    (("b", "s", 384), ("b", "s", "unk__u", 32), ("b", "s", 12, 32)),
     (("b", 12, "s", 32), ("b", "s", None), ("b", "s", 384)),
-    (("b", "s", 384), ("u", "s", 384), ("b", "s", 384)),  # the batch size computed at run time
-    (("b", 64, 128), ("u", 64, 4, 32), ("b", 64, 4, 32)),
-    (("b", "s", 384), ("u", "s", 192), None),          # u = 2b: not a symbol
-    (("b", "c", 384), ("u", 384), None),               # u = b c: not a symbol
-    (("unk__1", 64, 128), ("u", 64, 4, 32), None),     # not an input's symbol: may mean another size next round
-    (("b", "s", 384), ("b", "u", "v", 32), None),      # two unknowns
-    (("b", "s", 384), ("b", "s", "u", 5), None),       # 384 is not a multiple of 5: not solved
-    (("b", 0, 384), ("b", "u", 3), None),              # empty: any size fits
-    (("b", "s", 384), ("b", "s", 384), None),          # nothing unknown
-    (("b", 6), ("b", "b"), None),                      # the unknown is also a symbol of the input
+    (("b", "s", 384), ("unk__u", "s", 384), ("b", "s", 384)),  # the batch size computed at run time
+    (("b", 64, 128), ("unk__u", 64, 4, 32), ("b", 64, 4, 32)),
+    (("b", "s", 384), ("unk__u", "s", 192), ("2*b", "s", 192)),  # DeBERTa: batch times heads
+    (("2*b", "s", 8), ("unk__u", 2, "s", 8), ("b", 2, "s", 8)),  # and back
+    (("b", "c", 384), ("unk__u", 384), ("b*c", 384)),
+    (("b", "s", "s"), ("unk__u", "s"), ("b*s", "s")),
+    (("unk__1", 64, 128), ("unk__u", 64, 4, 32), None),  # not an input's symbol: may mean another size next round
+    (("b", "s", 384), ("b", "unk__u", "unk__v", 32), None),  # two unknowns
+    (("b", "s", 384), ("b", "s", "unk__u", 5), None),   # 384 is not a multiple of 5: not solved
+    (("b", "s", 384), ("b", "s", "s", "unk__u"), None),  # s is not a factor of 384 b
+    (("b", 0, 384), ("b", "unk__u", 3), None),          # empty: any size fits
+    (("b", "s", 384), ("b", "s", 384), None),           # nothing unknown
+    (("b", 6), ("b", "b"), None),                       # nothing unknown either
 ])
 def test_solve_reshapes_cases(source, target, expected):
     node = helper.make_node("Reshape", ["x", "shape"], ["y"])
-    given = [d for d in source if isinstance(d, str) and not d.startswith("unk__")]
+    given = sorted({p for d in source if isinstance(d, str) for p in d.split("*")
+                    if not p.isdigit() and not p.startswith("unk__")})
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, given)], [])
     infos = {"x": TensorInfo(TensorProto.FLOAT, source), "y": TensorInfo(TensorProto.FLOAT, target)}
     solved = solve_reshapes(graph, infos)
@@ -286,3 +290,51 @@ def test_embeddings_train_without_run_time_reductions(tmp_path):
                                  artifact_directory=str(tmp_path))
     training = onnx.load(str(tmp_path / "training_model.onnx"))
     assert not [n.name for n in training.graph.node if n.op_type == "NonZero"]
+
+
+def _merged_heads():
+    """DeBERTa's attention: heads merged into the batch (b, 2, s, 4) -> (2*b, s, 4) for the product, then split
+    again, (2*b, s, s) -> (b, 2, s, s); the targets' sequence length read from x's shape. And a Flatten."""
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    inits = [i64("one", [1]), i64("minus1", [-1]), i64("two", [2]), i64("four", [4]), i64("split", [0, 0, 2, 4])]
+    n = helper.make_node
+    nodes = [n("Shape", ["x"], ["shape"]), n("Slice", ["shape", "one", "two"], ["s"]),
+             n("Reshape", ["x", "split"], ["heads"]),
+             n("Transpose", ["heads"], ["bhsd"], perm=[0, 2, 1, 3]),
+             n("Concat", ["minus1", "s", "four"], ["merge_shape"], axis=0),
+             n("Reshape", ["bhsd", "merge_shape"], ["merged"]),
+             n("Transpose", ["merged"], ["merged_t"], perm=[0, 2, 1]),
+             n("MatMul", ["merged", "merged_t"], ["scores"]),
+             n("Concat", ["minus1", "two", "s", "s"], ["split_shape"], axis=0),
+             n("Reshape", ["scores", "split_shape"], ["split_scores"]),
+             n("Flatten", ["x"], ["flat"], axis=2)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 8])
+    outputs = [helper.make_tensor_value_info("split_scores", TensorProto.FLOAT, None)]
+    graph = helper.make_graph(nodes, "merged", [x], outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_batch_merged_with_the_heads_is_named_as_a_product():
+    infos = infer_tensor_info(_merged_heads())
+    assert infos["merged"].shape == ("2*b", "s", 4)
+    assert infos["scores"].shape == ("2*b", "s", "s")
+    assert infos["split_scores"].shape == ("b", 2, "s", "s")
+    assert infos["flat"].shape == ("b*s", 8)
+
+
+@pytest.mark.parametrize("batch,sequence", [(1, 3), (3, 5)])
+def test_the_products_are_the_run_time_sizes(batch, sequence):
+    import onnxruntime as ort
+
+    model = _merged_heads()
+    infos = infer_tensor_info(model)
+    names = ["merged", "scores", "split_scores", "flat"]
+    del model.graph.output[:]
+    model.graph.output.extend(helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in names)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((batch, sequence, 8)).astype(np.float32)
+    env = {"b": batch, "s": sequence}
+    for name, value in zip(names, session.run(None, {"x": x})):
+        expected = [d if isinstance(d, int) else int(np.prod([env.get(p) or int(p) for p in d.split("*")]))
+                    for d in infos[name].shape]
+        assert list(value.shape) == expected, name

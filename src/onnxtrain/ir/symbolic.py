@@ -52,11 +52,12 @@ def solve_reshapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict
     when the input's symbols cancel out: (b, s, 384) -> (b, s, ?, 32) has ? = 12 at every b and s. A dimension
     left unknown that way made the heads' axis of the attention product a different symbol for its two operands,
     and their gradients reduced over it at run time (a full copy each). The same happens to the batch axis when
-    the target's batch size is computed at run time: (b, 64, 128) -> (?, 64, 4, 32) has ? = b. Solved: exactly
-    one output dimension is unknown after the symbols the input and output share are cancelled, and the input
-    has none left over (the size is the quotient of the known sizes) or one, with the known sizes equal (the
-    size is that symbol, when it is one of the graph inputs' symbols). Symbols compare by name, which within one
-    inference means equal sizes; sizes are taken to be nonzero, as a reshape's -1 needs.
+    the target's batch size is computed at run time: (b, 64, 128) -> (?, 64, 4, 32) has ? = b; and DeBERTa merges
+    batch and heads, (b, 2, s, 8) -> (?, s, 8) with ? = 2*b, and splits them again.
+
+    Solved: exactly one output dimension is unknown (a fresh symbol), and the element count divided by the other
+    output sizes is a product of an integer and the input's symbols (:func:`_quotient`), named ``2*b`` when it is
+    not one symbol or number. Sizes are taken to be nonzero, as a reshape's -1 needs.
     """
     given = input_symbols(graph)
     solved: dict[str, TensorInfo] = {}
@@ -66,31 +67,61 @@ def solve_reshapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict
         source, target = infos.get(node.input[0]), infos.get(node.output[0])
         if source is None or target is None or source.shape is None or target.shape is None:
             continue
-        if target.static_shape is not None or any(d is None for d in source.shape):
+        unknown = [k for k, d in enumerate(target.shape) if d is None or _fresh(d, given)]
+        if len(unknown) != 1:
             continue
-        left = collections.Counter(d for d in source.shape if isinstance(d, str))
-        right = collections.Counter(d for d in target.shape if not isinstance(d, int))
-        shared = left & right
-        left, right = left - shared, right - shared
-        if sum(left.values()) > 1 or sum(right.values()) != 1:
-            continue
-        unknown = next(iter(right))
-        if unknown in shared:  # a symbol the input has once and the output twice: not one unknown size
-            continue
-        known_in = math.prod(d for d in source.shape if isinstance(d, int))
-        known_out = math.prod(d for d in target.shape if isinstance(d, int))
-        if known_in == 0 or known_out == 0:
-            continue
-        if left:  # one symbol left over: the unknown is that symbol when the known sizes match
-            size = next(iter(left))
-            if known_in != known_out or size not in given:
-                continue
-        elif known_in % known_out:
-            continue
-        else:
-            size = known_in // known_out
-        solved[node.output[0]] = TensorInfo(target.elem_type, tuple(size if d == unknown else d for d in target.shape))
+        size = _quotient(source.shape, [d for k, d in enumerate(target.shape) if k != unknown[0]], given)
+        if size is not None:
+            shape = list(target.shape)
+            shape[unknown[0]] = size
+            solved[node.output[0]] = TensorInfo(target.elem_type, tuple(shape))
     return solved
+
+
+# A size as a product: an integer times symbols (with their powers).
+_Monomial = tuple[int, collections.Counter]
+
+
+def _monomial(dim: Dim, given: set[str]) -> _Monomial | None:
+    """``dim`` as a product, or None for an unknown size (None, or a symbol of inference's own)."""
+    if isinstance(dim, int):
+        return dim, collections.Counter()
+    if dim is None or _fresh(dim, given):
+        return None
+    if dim in given or "*" not in dim:
+        return 1, collections.Counter([dim])
+    coefficient, symbols = 1, collections.Counter()
+    for part in dim.split("*"):  # a product this module named
+        if part.isdigit():
+            coefficient *= int(part)
+        elif part and not _fresh(part, given):
+            symbols[part] += 1
+        else:
+            return None
+    return coefficient, symbols
+
+
+def _quotient(numerator, denominator, given: set[str]) -> Dim:
+    """prod(numerator) / prod(denominator) as a size (a number, a symbol, or a product named ``2*b``), or None when
+    a size is unknown or the quotient is not such a product."""
+    top = [_monomial(d, given) for d in numerator]
+    bottom = [_monomial(d, given) for d in denominator]
+    if None in top or None in bottom:
+        return None
+    coefficient = math.prod(c for c, _ in top)
+    divisor = math.prod(c for c, _ in bottom)
+    symbols = sum((s for _, s in top), collections.Counter())
+    below = sum((s for _, s in bottom), collections.Counter())
+    if coefficient == 0 or divisor == 0 or coefficient % divisor or below - symbols:
+        return None
+    coefficient //= divisor
+    symbols.subtract(below)
+    names = sorted(symbols.elements())
+    if not names:
+        return coefficient
+    if coefficient == 1 and len(names) == 1:
+        return names[0]
+    return "*".join([str(coefficient)] * (coefficient != 1) + names)
 
 
 # A spatial size computed from an input's symbol by convolutions and pools: floor((base + offset) / stride).
@@ -302,9 +333,9 @@ def _equal(a: Dim, b: Dim) -> bool | None:
 
 def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
                           constants: dict[str, ShapeValue] | None = None) -> dict[str, TensorInfo]:
-    """The outputs of ``graph``'s Slice, Expand, Range and Reshape nodes whose bounds or shapes are computed from a
-    shape. ONNX reads such inputs only when they are constants and otherwise gives every axis a fresh symbol, the
-    axes a Slice does not touch included.
+    """The outputs of ``graph``'s Slice, Expand, Range, Reshape and Flatten nodes whose bounds or shapes are
+    computed from a shape (or, for Flatten, whose product ONNX does not name). ONNX reads such inputs only when
+    they are constants and otherwise gives every axis a fresh symbol, the axes a Slice does not touch included.
 
     transformers takes BERT's position ids as ``position_ids[:, :sequence_length]`` and its token types as
     ``token_type_ids[:, :sequence_length].expand(batch, sequence_length)``, the sizes read from the input ids'
@@ -319,7 +350,8 @@ def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
     - Expand: each axis is the broadcast of the input's size and the shape's entry where one is 1 or both are
       equal.
     - Range from 0 by 1 to a graph input's symbol has that size.
-    - Reshape to a shape of known entries (0 copies the input's size; a -1 is solved when the symbols cancel).
+    - Reshape to a shape of known entries (0 copies the input's size; a -1 is the element count divided by the
+      other sizes) and Flatten: products of the input's sizes, named ``batch*sequence``.
     """
     given = input_symbols(graph)
     values: dict[str, ShapeValue] | None = None
@@ -388,21 +420,25 @@ def _range(node, infos, values, given) -> list[Dim] | None:
 
 def _reshaped(node, infos, values, given) -> list[Dim] | None:
     data, target = infos.get(node.input[0]), values.get(node.input[1])
-    if data is None or data.shape is None or target is None or None in data.shape:
+    if data is None or data.shape is None or target is None:
         return None
     keep_zero = any(a.name == "allowzero" and a.i for a in node.attribute)
     dims = [data.shape[k] if e == 0 and not keep_zero and k < len(data.shape) else e for k, e in enumerate(target[0])]
-    if -1 in dims:
-        left = collections.Counter(d for d in data.shape if isinstance(d, str))
-        right = collections.Counter(d for d in dims if isinstance(d, str))
-        known_in = math.prod(d for d in data.shape if isinstance(d, int))
-        known_out = math.prod(d for d in dims if isinstance(d, int) and d != -1)
-        solvable = left == right and None not in dims and dims.count(-1) == 1 and known_out and not known_in % known_out
-        dims[dims.index(-1)] = known_in // known_out if solvable else None
+    if dims.count(-1) == 1:
+        k = dims.index(-1)
+        dims[k] = _quotient(data.shape, dims[:k] + dims[k + 1:], given)
     return dims
 
 
-_COMPUTED = {"Slice": _sliced, "Expand": _expanded, "Range": _range, "Reshape": _reshaped}
+def _flattened(node, infos, values, given) -> list[Dim] | None:
+    data = infos.get(node.input[0])
+    if data is None or data.shape is None:
+        return None
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1) % (len(data.shape) + 1)
+    return [_quotient(data.shape[:axis], [], given), _quotient(data.shape[axis:], [], given)]
+
+
+_COMPUTED = {"Slice": _sliced, "Expand": _expanded, "Range": _range, "Reshape": _reshaped, "Flatten": _flattened}
 SOLVED = frozenset({*_COMPUTED, *_WINDOWED})  # the op types whose outputs the solvers name
 
 
