@@ -6,8 +6,10 @@ run time (Shape, Equal, NonZero and a ReduceSum that copies the whole tensor whe
 solver here names such dimensions from what the graph computes; :func:`onnxtrain.ir.types.infer_tensor_info`
 declares the names and runs inference again, round after round.
 
-Names are the inputs' symbols, numbers, and the convolution sizes :func:`solve_windows` makes
-(``floor((height+1)/2)``). A fresh symbol is never part of a solution: the next round may give it to another size.
+Names are the inputs' symbols, numbers, the convolution sizes :func:`solve_windows` makes (``floor((height+1)/2)``)
+and products of those (``2*batch``, ``batch*sequence``), each size spelled one way only, so that equal names mean
+equal sizes and the reverse. A fresh symbol is never part of a solution: the next round may give it to another
+size.
 """
 
 from __future__ import annotations

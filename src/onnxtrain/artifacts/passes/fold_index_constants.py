@@ -71,7 +71,7 @@ class FoldIndexConstants(Pass):
             rule = FOLDED.get(node.op_type)
             if rule is None or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
                 continue
-            inputs = [x for x in node.input]
+            inputs = list(node.input)
             if not inputs or any(x not in constants for x in inputs):
                 continue
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
