@@ -338,3 +338,21 @@ def test_the_products_are_the_run_time_sizes(batch, sequence):
         expected = [d if isinstance(d, int) else int(np.prod([env.get(p) or int(p) for p in d.split("*")]))
                     for d in infos[name].shape]
         assert list(value.shape) == expected, name
+
+
+def test_tf2onnx_einsum_batch_products_are_followed():
+    """tf2onnx lowers a Keras attention's einsum to reshapes whose targets are ReduceProd(Gather(Shape(x), batch
+    axes)) and Max(batch sizes of the two operands): (b, 2, 6, 4) -> (2*b, 6, 4) and back."""
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    n = helper.make_node
+    nodes = [n("Shape", ["x"], ["s"]), n("Gather", ["s", "batch_axes"], ["bd"]),
+             n("Max", ["bd", "bd"], ["broadcast"]), n("ReduceProd", ["broadcast"], ["p"], keepdims=1),
+             n("Gather", ["s", "rest_axes"], ["rest"]),
+             n("Concat", ["p", "rest"], ["flat_shape"], axis=0), n("Reshape", ["x", "flat_shape"], ["flat"]),
+             n("Concat", ["broadcast", "rest"], ["back_shape"], axis=0), n("Reshape", ["flat", "back_shape"], ["back"])]
+    graph = helper.make_graph(nodes, "einsum", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 2, 6, 4])],
+                              [helper.make_tensor_value_info("back", TensorProto.FLOAT, None)],
+                              [i64("batch_axes", [0, 1]), i64("rest_axes", [2, 3])])
+    infos = infer_tensor_info(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
+    assert infos["flat"].shape == ("2*b", 6, 4)
+    assert infos["back"].shape == ("b", 2, 6, 4)

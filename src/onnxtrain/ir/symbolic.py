@@ -244,7 +244,7 @@ def solve_windows(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[
 ShapeValue = tuple[tuple[Dim, ...], bool]
 
 _FOLLOWED = frozenset({"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Cast", "Identity", "ConstantOfShape",
-                       "Add", "Sub", "Mul", "Reshape", "Equal", "Where"})
+                       "Add", "Sub", "Mul", "Reshape", "Equal", "Where", "ReduceProd", "Max", "Min"})
 
 
 def integer_constants(graph: onnx.GraphProto) -> dict[str, ShapeValue]:
@@ -254,11 +254,12 @@ def integer_constants(graph: onnx.GraphProto) -> dict[str, ShapeValue]:
             if array.dtype.kind in "iu" and array.ndim <= 1 and array.size <= 64}
 
 
-def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
-                  constants: dict[str, ShapeValue]) -> dict[str, ShapeValue]:
+def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo], constants: dict[str, ShapeValue],
+                  given: set[str]) -> dict[str, ShapeValue]:
     """The values of ``graph``'s shape arithmetic, symbols included: ``Unsqueeze(Gather(Shape(ids), 1))`` is
     ("sequence",). Constants, Shape, Gather, Unsqueeze, Squeeze, Concat, Cast, Identity, Reshape (of a vector),
-    ConstantOfShape, integer Add/Sub/Mul, and torch's Where(Equal(shape, -1), ..., shape) are followed."""
+    ConstantOfShape, integer Add/Sub/Mul, Max/Min, ReduceProd (a product, named as :func:`_quotient` names it), and
+    torch's Where(Equal(shape, -1), ..., shape) are followed."""
     values = dict(constants)
     flags: dict[str, tuple[bool | None, ...]] = {}  # Equal nodes' outputs, where known
     for node in graph.node:
@@ -295,6 +296,17 @@ def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
             count = max(len(left), len(right))
             result = (tuple(_INTEGER_ARITHMETIC[node.op_type](left[k % len(left)], right[k % len(right)])
                             for k in range(count)), left_scalar and right_scalar)
+        elif node.op_type in ("Max", "Min") and len(known) == 2 and None not in known and \
+                len(known[0][0]) == len(known[1][0]):
+            # tf2onnx's einsum: the broadcast of two operands' batch sizes, Max(shape_a, shape_b)
+            pick = max if node.op_type == "Max" else min
+            result = (tuple(a if a == b else pick(a, b) if isinstance(a, int) and isinstance(b, int) else None
+                            for a, b in zip(known[0][0], known[1][0])), known[0][1] and known[1][1])
+        elif node.op_type == "ReduceProd" and known and known[0] is not None and not known[0][1] and \
+                (len(known) == 1 or known[1] is not None and set(known[1][0]) <= {0, -1}):
+            # tf2onnx's einsum: the product of the batch axes' sizes, read from a shape
+            keep = attrs.get("keepdims", 1)
+            result = ((_quotient(known[0][0], [], given),), not keep)
         elif node.op_type == "Reshape" and None not in known and len(known[1][0]) == 1 and not known[0][1]:
             result = (known[0][0], False)  # a vector to a vector
         elif node.op_type == "Equal" and None not in known:
@@ -365,7 +377,7 @@ def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
         if out is None or out.shape is None or out.static_shape is not None:
             continue
         if values is None:
-            values = _shape_values(graph, infos, integer_constants(graph) if constants is None else constants)
+            values = _shape_values(graph, infos, integer_constants(graph) if constants is None else constants, given)
         shape = _COMPUTED[node.op_type](node, infos, values, given)
         if shape is not None and len(shape) == len(out.shape):
             shape = tuple(out.shape[a] if d is None or _fresh(d, given) else d for a, d in enumerate(shape))
