@@ -14,6 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.ir.passes import node_inputs
+from onnxtrain.ir.symbolic import without_fresh
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info, value_info
 
 __all__ = ["fold_constants", "free_values", "infer_infos", "value_info"]
@@ -163,15 +164,9 @@ def _infer_once(nodes: Sequence[onnx.NodeProto], known: Mapping[str, TensorInfo]
     # what is known of the nodes' outputs (sizes solved from the inputs' symbols) is declared, so inference starts
     # from it; a folded constant's static size still overrides a declared symbol, and inference's own symbols
     # (unk__N) are left out, since a declared symbol would override the one inference finds
-    declared = [value_info(o, _named(known[o])) for n in nodes for o in n.output
+    declared = [value_info(o, without_fresh(known[o])) for n in nodes for o in n.output
                 if o in known and o not in constants and known[o].shape is not None]
     graph = helper.make_graph(list(nodes), "subgraph", inputs, [], initializer=inits, value_info=declared)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 10
     return infer_tensor_info(model)
-
-
-def _named(info: TensorInfo) -> TensorInfo:
-    """``info`` without the symbols ONNX inference made up."""
-    return TensorInfo(info.elem_type, tuple(None if isinstance(d, str) and d.startswith("unk__") else d
-                                            for d in info.shape))

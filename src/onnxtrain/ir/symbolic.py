@@ -24,7 +24,7 @@ from onnxtrain.ir.passes import constant_values
 from onnxtrain.ir.types import Dim, TensorInfo
 
 __all__ = ["solve", "solve_reshapes", "solve_windows", "solve_computed_shapes", "input_symbols", "integer_constants",
-           "stable", "SOLVED", "ShapeValue"]
+           "without_fresh", "SOLVED", "ShapeValue"]
 
 
 def solve(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
@@ -41,9 +41,12 @@ def input_symbols(graph: onnx.GraphProto) -> set[str]:
             for d in i.type.tensor_type.shape.dim if d.dim_param}
 
 
-def stable(info: TensorInfo, given: set[str]) -> tuple:
-    """What a solution says that the next round's inference keeps: its sizes and named symbols."""
-    return tuple(None if _fresh(d, given) else d for d in info.shape or ())
+def without_fresh(info: TensorInfo, given: set[str] | frozenset[str] = frozenset()) -> TensorInfo:
+    """``info`` with the symbols ONNX inference made up left unknown: what the next inference keeps of it when
+    declared (a declared fresh symbol would override the one inference finds)."""
+    if info.shape is None:
+        return info
+    return TensorInfo(info.elem_type, tuple(None if _fresh(d, given) else d for d in info.shape))
 
 
 def solve_reshapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:

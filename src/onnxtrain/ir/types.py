@@ -87,7 +87,7 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     for _ in range(sum(n.op_type in symbolic.SOLVED for n in model.graph.node) + 1):
         found = symbolic.solve(model.graph, infos, constants)
         new = {k: v for k, v in found.items()
-               if k not in solved or symbolic.stable(solved[k], given) != symbolic.stable(v, given)}
+               if k not in solved or symbolic.without_fresh(solved[k], given) != symbolic.without_fresh(v, given)}
         if not new:
             break
         solved.update(new)
@@ -95,7 +95,6 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
         # declared ones, so none is given to another dimension
         infos = _infer_declared(model, solved)
     return infos
-
 
 
 def _infer_declared(model: onnx.ModelProto, declared: dict[str, TensorInfo]) -> dict[str, TensorInfo]:

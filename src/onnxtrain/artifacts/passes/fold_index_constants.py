@@ -8,6 +8,10 @@ of the residual Add after it then reduced over all of them at run time (37 such 
 Cases handled: a node of :data:`FOLDED` whose inputs are all Constant nodes' (or folded) integer tensors of at
 most :data:`MAX_ELEMENTS` elements, and whose outputs are such tensors too, becomes a Constant node with its
 output's name; Constant nodes nothing reads afterwards are dropped. Other nodes are left alone.
+
+The values are computed with numpy here rather than by ``autodiff.folding.fold_constants``, which runs each node
+through onnx.reference and folds any op: on GhostNet's forward graph that takes 81 ms against this pass's 6 ms,
+and the pass runs on every source model.
 """
 
 from __future__ import annotations
