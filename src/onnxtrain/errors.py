@@ -11,6 +11,7 @@ __all__ = [
     "PassError",
     "LoRAError",
     "UnknownShapeError",
+    "InvalidModelError",
 ]
 
 
@@ -56,3 +57,8 @@ class LoRAError(OnnxTrainError, ValueError):
 class UnknownShapeError(OnnxTrainError, ValueError):
     """A gradient rule needs the rank or shape of a value that ONNX shape inference could not infer (typically
     because a model input has no shape)."""
+
+
+class InvalidModelError(OnnxTrainError, ValueError):
+    """The forward model given to ``generate_artifacts`` is not valid ONNX: the ONNX checker (with shape
+    inference) rejects it before any of onnxtrain's changes, so no artifact built from it could pass."""

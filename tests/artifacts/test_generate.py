@@ -319,6 +319,29 @@ def test_not_an_onnx_model(tmp_path):
         generate_artifacts(42, loss=LossType.MSELoss, artifact_directory=tmp_path)
 
 
+@pytest.mark.parametrize("as_path", [False, True])
+def test_a_model_the_onnx_checker_rejects_is_named_as_the_problem(as_path, tmp_path):
+    # TorchScript's export of Falcon's ALiBi writes a Cast to complex128, a type ONNX ops do not take: the
+    # artifacts' check fails because the model's own does, which is the model's problem, not a pass's.
+    from onnxtrain.errors import InvalidModelError
+
+    model = models.mlp()
+    graph = model.graph
+    relu = next(n for n in graph.node if n.op_type == "Relu")
+    relu.input[0], relu_input = "as_complex", relu.input[0]
+    graph.node.insert(1, onnx.helper.make_node("Cast", [relu_input], ["complex"], to=onnx.TensorProto.COMPLEX128,
+                                               name="to_complex"))
+    graph.node.insert(2, onnx.helper.make_node("Cast", ["complex"], ["as_complex"], to=onnx.TensorProto.FLOAT))
+    source = model
+    if as_path:
+        onnx.save(model, tmp_path / "model.onnx")
+        source = tmp_path / "model.onnx"
+    with pytest.raises(InvalidModelError, match=r"not valid ONNX.*rejects it as given.*to_complex.*complex128"):
+        generate_artifacts(source, loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                           artifact_directory=tmp_path / "art")
+    assert not (tmp_path / "art").exists() or not any((tmp_path / "art").iterdir())
+
+
 def test_unsupported_op_names_op_node_and_path(tmp_path, monkeypatch):
     from onnxtrain.autodiff import GRADIENT_RULES
     from onnxtrain.errors import UnsupportedOpError

@@ -29,3 +29,23 @@ def test_a_shape_failure_names_the_node_and_does_not_blame_the_labels(tmp_path):
     assert "class labels" not in message and "shapes" in message
     with pytest.raises(ExecutionError, match="class labels must be below"):  # the loss reads the labels
         module(np.ones((4, 3), np.float32), np.full(4, 9, np.int64))
+
+
+def test_a_node_onnxruntime_has_no_kernel_for_names_the_types_it_reads(tmp_path):
+    """torch's dynamo export of Falcon computes ALiBi in bfloat16: valid ONNX, but onnxruntime's CPU provider has
+    no bfloat16 Mul, so the artifacts (and the exported model) cannot be opened; the error says why."""
+    from onnxtrain.errors import ArtifactError
+
+    weight = numpy_helper.from_array(np.ones((3, 2), np.float32), "w")
+    nodes = [helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.BFLOAT16),
+             helper.make_node("Mul", ["x16", "x16"], ["squared16"], name="bf16_square"),
+             helper.make_node("Cast", ["squared16"], ["squared"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["squared", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    paths = artifacts.generate_artifacts(model, loss=artifacts.LossType.CrossEntropyLoss, artifact_directory=tmp_path)
+    with pytest.raises(ArtifactError, match=r"cannot be loaded: .*'bf16_square' reads bfloat16, bfloat16: this "
+                                            r"onnxruntime build has no Mul kernel for those types.*float32"):
+        module = Module(paths["training"], CheckpointState.load_checkpoint(paths["checkpoint"]), paths["eval"])
+        module(np.ones((4, 3), np.float32), np.zeros(4, np.int64))  # sessions open at the first step

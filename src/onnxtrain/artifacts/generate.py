@@ -36,8 +36,8 @@ from onnxtrain.builtins import LossType, OptimType
 from onnxtrain.checkpoint import CheckpointData
 from onnxtrain.checkpoint.format import checkpoint_pieces
 from onnxtrain.conventions import artifact_file
-from onnxtrain.errors import UnsupportedOpError
-from onnxtrain.ir.files import StagedFiles
+from onnxtrain.errors import InvalidModelError, PassError, UnsupportedOpError
+from onnxtrain.ir.files import PROTO_LIMIT, StagedFiles
 from onnxtrain.ir.pass_infra import PassManager
 from onnxtrain.lora import LoRA
 from onnxtrain.tflite.source import RECORD_KEY, SKELETON_KEY, SourceRecord, has_source
@@ -213,18 +213,47 @@ def generate_artifacts(
                       source.first_output, type(loss_block).__name__ if loss is not None else "", all_outputs)
     requires_grad, trainable_ops = _flatbuffer_operators(source.model, requires_grad, trainable_ops)
     with StagedFiles() as files:  # nothing replaces an existing artifact unless every one was built
-        try:  # at the model's own opset, as the peer; some gradients need ops of newer opsets
-            build(source, files)
-        except UnsupportedOpError as exc:
-            if source.opset >= MIN_OPSET:
-                raise
-            logger.warning("converting the model to opset %d: its gradient needs it (%s)", MIN_OPSET, exc)
-            files.discard()
-            build(load_source_model(model, min_opset=MIN_OPSET), files)
+        with _blaming_an_invalid_source(model):
+            try:  # at the model's own opset, as the peer; some gradients need ops of newer opsets
+                build(source, files)
+            except UnsupportedOpError as exc:
+                if source.opset >= MIN_OPSET:
+                    raise
+                logger.warning("converting the model to opset %d: its gradient needs it (%s)", MIN_OPSET, exc)
+                files.discard()
+                build(load_source_model(model, min_opset=MIN_OPSET), files)
         files.commit()
     if ort_format:
         convert_to_ort([paths[k] for k in ("training", "eval", "optimizer") if k in paths])
     return paths
+
+
+@contextlib.contextmanager
+def _blaming_an_invalid_source(model: onnx.ModelProto | str | os.PathLike) -> Iterator[None]:
+    """An artifact that fails the ONNX check because the caller's model already fails it (an exporter wrote a
+    type ONNX does not have, for example) is reported as the model's problem, not as a pass's. The source is
+    checked only then: a full check of it would cost every generation its time."""
+    try:
+        yield
+    except (PassError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        problem = _checker_problem(model)
+        if problem is None:
+            raise
+        raise InvalidModelError(f"the model is not valid ONNX, so no artifact built from it can be: the ONNX "
+                                f"checker (full_check=True) rejects it as given: {problem}. Export it again (a newer "
+                                f"exporter or opset, or without the op named) and check it with "
+                                f"onnx.checker.check_model(path, full_check=True)") from exc
+
+
+def _checker_problem(model: onnx.ModelProto | str | os.PathLike) -> str | None:
+    """The first line of the full ONNX check's complaint about ``model``, or None when it passes."""
+    if isinstance(model, onnx.ModelProto) and model.ByteSize() >= PROTO_LIMIT:
+        return None  # the checker takes a path for models over 2 GB; the pass's own error stands
+    try:
+        onnx.checker.check_model(model if isinstance(model, onnx.ModelProto) else os.fspath(model), full_check=True)
+    except Exception as exc:  # ValidationError, InferenceError
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return None
 
 
 def _checkpoint_data(weights: dict, plan) -> CheckpointData:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -57,7 +58,35 @@ def open_artifact_session(model: onnx.ModelProto, what: str, device: str, sessio
     try:
         return open_session(model, device, session_options, constants=constants)
     except Exception as exc:  # onnxruntime raises its own exception types for invalid graphs
-        raise ArtifactError(f"the {what} cannot be loaded: {first_line(exc)}") from None
+        raise ArtifactError(f"the {what} cannot be loaded: {first_line(exc)}{_missing_kernel_hint(model, exc)}") \
+            from None
+
+
+_NO_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name '([^']*)'")
+
+
+def _missing_kernel_hint(model: onnx.ModelProto, exc: BaseException) -> str:
+    """For onnxruntime's "no implementation" error: the element types the node receives, which its build has
+    no kernel for (a bfloat16 or float16 export on the CPU provider, typically), and what to do."""
+    found = _NO_KERNEL.search(str(exc))
+    if found is None:
+        return ""
+    op_type, name = found.groups()
+    node = next((n for n in model.graph.node if n.name == name), None)
+    if node is None:
+        return ""
+    try:  # the error path only: the artifacts keep few value infos, so infer the types here
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:
+        return ""
+    types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.input, *inferred.value_info, *inferred.output)}
+    types.update({t.name: t.data_type for t in inferred.initializer})
+    read = [onnx.TensorProto.DataType.Name(types[i]).lower() if types.get(i) else "?" for i in node.input if i]
+    if not any(t != "?" for t in read):
+        return ""
+    return (f" (node {name!r} reads {', '.join(read)}: this onnxruntime build has no {op_type} kernel for "
+            f"those types; a node of the exported model itself does not run on it either, so export the model "
+            f"in float32)")
 
 
 def check_connected(model: onnx.ModelProto, what: str) -> None:
