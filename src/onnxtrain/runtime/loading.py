@@ -85,8 +85,8 @@ def _missing_kernel_hint(model: onnx.ModelProto, exc: BaseException) -> str:
     if not any(t != "?" for t in read):
         return ""
     return (f" (node {name!r} reads {', '.join(read)}: this onnxruntime build has no {op_type} kernel for "
-            f"those types; a node of the exported model itself does not run on it either, so export the model "
-            f"in float32)")
+            f"those types; when the node is the exported model's own, that model does not run on it either: "
+            f"export it in float32)")
 
 
 def check_connected(model: onnx.ModelProto, what: str) -> None:
