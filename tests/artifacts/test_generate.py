@@ -319,24 +319,46 @@ def test_not_an_onnx_model(tmp_path):
         generate_artifacts(42, loss=LossType.MSELoss, artifact_directory=tmp_path)
 
 
-@pytest.mark.parametrize("as_path", [False, True])
-def test_a_model_the_onnx_checker_rejects_is_named_as_the_problem(as_path, tmp_path):
-    # TorchScript's export of Falcon's ALiBi writes a Cast to complex128, a type ONNX ops do not take: the
-    # artifacts' check fails because the model's own does, which is the model's problem, not a pass's.
-    from onnxtrain.errors import InvalidModelError
-
-    model = models.mlp()
+def _complex_cast(model: onnx.ModelProto) -> None:
+    """TorchScript's export of Falcon's ALiBi writes a Cast to complex128, a type ONNX ops do not take."""
     graph = model.graph
     relu = next(n for n in graph.node if n.op_type == "Relu")
     relu.input[0], relu_input = "as_complex", relu.input[0]
     graph.node.insert(1, onnx.helper.make_node("Cast", [relu_input], ["complex"], to=onnx.TensorProto.COMPLEX128,
                                                name="to_complex"))
     graph.node.insert(2, onnx.helper.make_node("Cast", ["complex"], ["as_complex"], to=onnx.TensorProto.FLOAT))
+
+
+def _int_bias(model: onnx.ModelProto) -> None:
+    bias = next(i for i in model.graph.initializer if i.name == "fc1.bias")
+    bias.CopyFrom(onnx.numpy_helper.from_array(np.ones(bias.dims, np.int64), "fc1.bias"))
+
+
+def _softmax_axis(model: onnx.ModelProto) -> None:
+    model.graph.node.append(onnx.helper.make_node("Softmax", [model.graph.output[0].name], ["probs"], axis=5,
+                                                  name="bad_softmax"))
+    probs = model.graph.output.add()
+    probs.CopyFrom(model.graph.output[0])
+    probs.name = "probs"
+
+
+@pytest.mark.parametrize("as_path", [False, True])
+@pytest.mark.parametrize("damage, message", [
+    (_complex_cast, r"\(op_type:Cast, node name: to_complex\): output has unsupported type tensor\(complex128\)"),
+    (_int_bias, r"has inconsistent type tensor\(int64\)"),
+    (_softmax_axis, r"\(op_type:Softmax, node name: bad_softmax\).*'axis' must be in"),
+])
+def test_a_model_the_onnx_checker_rejects_is_named_as_the_problem(as_path, damage, message, tmp_path):
+    # the artifacts' check fails because the model's own does: the model's problem, not a pass's
+    from onnxtrain.errors import InvalidModelError
+
+    model = models.mlp()
+    damage(model)
     source = model
     if as_path:
         onnx.save(model, tmp_path / "model.onnx")
         source = tmp_path / "model.onnx"
-    with pytest.raises(InvalidModelError, match=r"not valid ONNX.*rejects it as given.*to_complex.*complex128"):
+    with pytest.raises(InvalidModelError, match=r"not valid ONNX.*rejects it as given: .*" + message):
         generate_artifacts(source, loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                            artifact_directory=tmp_path / "art")
     assert not (tmp_path / "art").exists() or not any((tmp_path / "art").iterdir())

@@ -252,7 +252,7 @@ def _checker_problem(model: onnx.ModelProto | str | os.PathLike) -> str | None:
     try:
         onnx.checker.check_model(model if isinstance(model, onnx.ModelProto) else os.fspath(model), full_check=True)
     except Exception as exc:  # ValidationError, InferenceError
-        return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300].rstrip(".")
     return None
 
 
