@@ -356,3 +356,127 @@ def test_tf2onnx_einsum_batch_products_are_followed():
     infos = infer_tensor_info(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
     assert infos["flat"].shape == ("2*b", 6, 4)
     assert infos["back"].shape == ("b", 2, 6, 4)
+
+
+def _positional_convolution(float_type=TensorProto.FLOAT):
+    """wav2vec2's feature encoder and positional convolution: x (n, samples) as (n, 1, samples), a stride-5 and a
+    stride-2 Conv1d, then a grouped Conv1d padded by half its even kernel (one frame too many), trimmed by
+    ``[:, :, :-1]`` and added to its input."""
+    ints = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Unsqueeze", ["x", "one"], ["x1"]),
+             helper.make_node("Conv", ["x1", "w1"], ["a"], kernel_shape=[10], strides=[5]),
+             helper.make_node("Conv", ["a", "w2"], ["b"], kernel_shape=[3], strides=[2]),
+             helper.make_node("Conv", ["b", "w3"], ["c"], kernel_shape=[4], pads=[2, 2], group=2),
+             helper.make_node("Slice", ["c", "zero", "minus_one", "two"], ["d"]),
+             helper.make_node("Add", ["b", "d"], ["y"])]
+    inputs = [helper.make_tensor_value_info("x", float_type, ["n", "samples"]),
+              helper.make_tensor_value_info("w1", float_type, [4, 1, 10]),
+              helper.make_tensor_value_info("w2", float_type, [4, 4, 3]),
+              helper.make_tensor_value_info("w3", float_type, [4, 2, 4])]
+    inits = [ints("one", [1]), ints("zero", [0]), ints("minus_one", [-1]), ints("two", [2])]
+    graph = helper.make_graph(nodes, "positional", inputs, [helper.make_tensor_value_info("y", float_type, None)],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_slice_that_trims_a_named_size_keeps_the_naming():
+    """floor((samples-10)/10) + 1 frames from the padded convolution, one dropped: the Add's two sides agree."""
+    infos = infer_tensor_info(_positional_convolution())
+    assert infos["b"].shape == ("n", 4, "floor((samples-10)/10)")
+    assert infos["c"].shape == ("n", 4, "floor(samples/10)")
+    assert infos["d"].shape == infos["y"].shape == ("n", 4, "floor((samples-10)/10)")
+
+
+@pytest.mark.parametrize("samples", [400, 409, 640])
+def test_the_trimmed_sizes_are_the_run_time_sizes(samples):
+    import onnxruntime as ort
+
+    model = _positional_convolution()
+    infos = infer_tensor_info(model)
+    del model.graph.output[:]
+    model.graph.output.extend(helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in "abcdy")
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {i.name: rng.standard_normal([d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    feeds["x"] = rng.standard_normal((2, samples)).astype(np.float32)
+    env = {"n": 2, "samples": samples}
+    for name, value in zip("abcdy", session.run(None, feeds)):
+        expected = [d if isinstance(d, int) else eval(d.replace("floor", "int").replace("/", "//"), {}, env)
+                    for d in infos[name].shape]
+        assert list(value.shape) == expected, name
+
+
+def test_the_positional_convolution_trains_without_run_time_reductions(tmp_path):
+    model = _positional_convolution()
+    weights = {name: np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+               for name, shape in (("w1", (4, 1, 10)), ("w2", (4, 4, 3)), ("w3", (4, 2, 4)))}
+    kept = [i for i in model.graph.input if i.name not in weights]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    model.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in weights.items())
+    artifacts.generate_artifacts(model, loss=artifacts.LossType.MSELoss, artifact_directory=str(tmp_path))
+    training = onnx.load(str(tmp_path / "training_model.onnx"))
+    assert not [n.name for n in training.graph.node if n.op_type == "NonZero"]
+
+
+@pytest.mark.parametrize("declared, expected", [
+    ("((s27//10)) - 1", "floor((s27-10)/10)"),   # torch's dynamo exporter (sympy)
+    ("(s27//10)", "floor(s27/10)"),
+    ("((s27 - 1)//2) + 1", "floor((s27+1)/2)"),
+    ("((h + 2)//2)//2", "floor((h+2)/4)"),
+    ("1 + h", "h+1"),
+    ("s27", "s27"),
+    ("floor((s27-10)/10)", "floor((s27-10)/10)"),  # already spelled so
+    ("2*s27", "2*s27"),                            # products and the rest: as given
+    ("Min(32, s27)", "Min(32, s27)"),
+    ("x//2", "x//2"),                              # not an input's symbol
+])
+def test_exporter_size_expressions_are_spelled_as_the_solvers_spell_them(declared, expected):
+    from onnxtrain.ir.symbolic import canonical_name
+
+    assert canonical_name(declared, {"s27", "h"}) == expected
+
+
+def test_declared_sizes_reach_the_values_computed_from_them():
+    """The dynamo exporter declares a causal mask's Expand (its sizes computed at run time) but not the Where
+    that reads it: the declaration reaches the Where, whose Add with the scores then has one name per axis."""
+    from onnxtrain.ir.types import infer_from_inputs
+
+    ints = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Shape", ["scores"], ["shape"]),
+             helper.make_node("Gather", ["shape", "last"], ["size"]),
+             helper.make_node("Abs", ["size"], ["length"]),  # a size neither ONNX nor the solvers follow
+             helper.make_node("Concat", ["one_one", "length", "length"], ["target"], axis=0),
+             helper.make_node("Expand", ["allowed", "target"], ["mask"]),
+             helper.make_node("Where", ["mask", "zero", "minus_inf"], ["bias"]),
+             helper.make_node("Add", ["scores", "bias"], ["y"])]
+    inputs = [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", 2, "s", "s"])]
+    inits = [ints("last", [3]), ints("one_one", [1, 1]), numpy_helper.from_array(np.array([[True]]), "allowed"),
+             numpy_helper.from_array(np.array(0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(-np.inf, np.float32), "minus_inf")]
+    mask = helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 1, "s", "s"])
+    graph = helper.make_graph(nodes, "mask", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              inits, value_info=[mask])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    infos, _ = infer_from_inputs(model)
+    assert infos["bias"].shape == (1, 1, "s", "s")
+    assert infos["y"].shape == ("n", 2, "s", "s")
+
+
+def test_the_source_models_declared_sizes_are_respelled_on_loading():
+    """torch's dynamo exporter declares its own expressions (``((s27//10)) - 1``) for sizes the solvers name
+    otherwise; after loading, one size has one name in the declarations too, and the rest is left as it was."""
+    from onnxtrain.artifacts.source import load_source_model
+
+    conv = _positional_convolution()
+    declared = {"a": ["n", 4, "((samples//5)) - 1"], "b": ["n", 4, "((samples//10)) - 1"], "y": ["n", 4, "Max(1, q)"]}
+    conv.graph.value_info.extend(helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in declared.items()
+                                 if k != "y")
+    conv.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, declared["y"]))
+    model = load_source_model(conv).model
+    spelled = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+               for v in [*model.graph.value_info, *model.graph.output]}
+    assert spelled == {"a": ["n", 4, "floor((samples-5)/5)"], "b": ["n", 4, "floor((samples-10)/10)"],
+                       "y": ["n", 4, "Max(1, q)"]}
+    assert infer_tensor_info(model)["b"].shape == ("n", 4, "floor((samples-10)/10)")

@@ -254,8 +254,11 @@ def gradient_error(run: Run, case: str, seed: int, exact_check: bool = False) ->
     module.lazy_reset_grad()
     loss = float(module(*inputs, labels)[0])
     ref_loss, ref64 = torch_loss_and_grads(run, inputs, labels, torch.float64)
-    _, ref32 = torch_loss_and_grads(run, inputs, labels, torch.float32)
-    assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss) + 1e-6, f"loss {loss:.6g}, torch {ref_loss:.6g} ({case})"
+    loss32, ref32 = torch_loss_and_grads(run, inputs, labels, torch.float32)
+    # as for the gradients: within 5x torch float32's own error where that is larger (training-mode BatchNorm over
+    # a few values per channel: Inception-v3's last blocks at 96 px, torch float32 2e-3 off its float64 loss)
+    tolerance = max(1e-4 * abs(ref_loss), 5 * abs(loss32 - ref_loss)) + 1e-6
+    assert abs(loss - ref_loss) <= tolerance, f"loss {loss:.6g}, torch {ref_loss:.6g} (float32: {loss32:.6g}; {case})"
     used = {n for n, g in ref64.items() if g is not None}
     ours = {n for n, p in state.parameters if p.requires_grad}
     scale = np.sqrt(sum(float(np.sum(g * g)) for g in ref64.values() if g is not None))
@@ -288,7 +291,7 @@ def check_gradients(run: Run, case: str, seeds: int = 3) -> None:
     """Loss and every parameter's gradient from the training artifacts match torch's (float64 reference).
 
     Norm-wise relative error below 1e-4 per tensor, or within 5x torch's own float32 error where that is larger
-    (training-mode BatchNorm over few values is ill-conditioned: float32 torch is off too).
+    (training-mode BatchNorm over few values is ill-conditioned: float32 torch is off too); the loss likewise.
 
     A ReLU or MaxPool input within float32 rounding of its kink (resnet18 at batch 3: one pre-activation of
     6.6e-7 out of 10^5) can take the other branch in onnxruntime than in torch, which changes that element's

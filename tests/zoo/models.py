@@ -215,6 +215,18 @@ def whisper():
     return Logits.wrap(model)
 
 
+def roformer():
+    """RoFormer: rotary position embeddings from a sinusoidal table, applied to the queries and keys of each layer."""
+    from transformers import RoFormerConfig, RoFormerForSequenceClassification
+
+    config = RoFormerConfig(vocab_size=VOCAB, max_position_embeddings=32, embedding_size=16,
+                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_SMALL_HF)
+    model = RoFormerForSequenceClassification(config)
+    # the table is frozen in torch; unfrozen here as Whisper's is (an export carries no requires_grad)
+    model.roformer.encoder.embed_positions.weight.requires_grad_(True)
+    return Logits.wrap(model)
+
+
 def segformer():
     """SegFormer: overlapping patch embeddings, attention over a spatially reduced sequence (strided Conv), Mix-FFN
     (depthwise Conv), and a decode head that resizes every stage bilinearly to 1/4 of the image: per-pixel logits."""
@@ -243,6 +255,23 @@ def _hf(model_class: str, config_class: str, **config):
         import transformers
 
         return Logits.wrap(getattr(transformers, model_class)(getattr(transformers, config_class)(**config)))
+
+    return build
+
+
+def _mlp_mixer(block: str = "mixer"):
+    """timm's MLP-Mixer family at 64 px with two blocks (its named configurations fix the depth): token-mixing
+    MLPs across patches (mixer), with affine normalization and LayerScale (ResMLP), or spatial gating (gMLP)."""
+
+    def build():
+        from timm.layers import GatedMlp
+        from timm.models import mlp_mixer
+
+        layers = {"mixer": {},
+                  "resmlp": dict(block_layer=mlp_mixer.ResBlock, norm_layer=mlp_mixer.Affine, mlp_ratio=4),
+                  "gmlp": dict(block_layer=mlp_mixer.SpatialGatingBlock, mlp_layer=GatedMlp, mlp_ratio=6)}[block]
+        return mlp_mixer.MlpMixer(num_classes=CLASSES, img_size=64, patch_size=16, num_blocks=2, embed_dim=32,
+                                  **layers)
 
     return build
 
@@ -459,6 +488,80 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     _vision("lcnet_050", "timm", _timm("lcnet_050")),
     # parallel resolutions joined by strided convolutions and nearest upsampling
     _vision("hrnet_w18_small", "timm", _timm("hrnet_w18_small")),
+    # probed on 2026-11-27 (session 14) as architectures nobody here had tried (slow only):
+    # partial rotary embeddings, parallel attention and MLP, a LayerNorm shared by both
+    _text("phi", _hf("PhiForSequenceClassification", "PhiConfig", vocab_size=VOCAB, max_position_embeddings=32,
+                     pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, partial_rotary_factor=0.5,
+                     attn_implementation="eager", **_SMALL_HF)),
+    _text("roformer", roformer),
+    # relative position buckets shared by every layer's attention
+    _text("mpnet", _hf("MPNetForSequenceClassification", "MPNetConfig", vocab_size=VOCAB, max_position_embeddings=40,
+                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_SMALL_HF)),
+    # rotary embeddings on a BERT-style encoder, token dropout rescaling of the embeddings
+    _text("esm", _hf("EsmForSequenceClassification", "EsmConfig", vocab_size=VOCAB, max_position_embeddings=40,
+                     pad_token_id=1, position_embedding_type="rotary", hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0, **_SMALL_HF)),
+    # learned positions offset by 2, computed from the attention mask by a cumulative sum
+    _text("opt", _hf("OPTForSequenceClassification", "OPTConfig", vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2,
+                     ffn_dim=32, num_attention_heads=2, max_position_embeddings=32, word_embed_proj_dim=16, dropout=0.0,
+                     attention_dropout=0.0, pad_token_id=1, num_labels=CLASSES, attn_implementation="eager")),
+    # multi-query attention: one key/value head broadcast over the query heads
+    _text("gpt_bigcode", _hf("GPTBigCodeForSequenceClassification", "GPTBigCodeConfig", vocab_size=VOCAB, n_embd=16,
+                             n_layer=2, n_head=2, n_positions=32, multi_query=True, resid_pdrop=0.0, embd_pdrop=0.0,
+                             attn_pdrop=0.0, pad_token_id=0, num_labels=CLASSES, attn_implementation="eager")),
+    # ALiBi: both exports are models onnxruntime cannot run (expected_failures.py), and the errors say so
+    _text("falcon", _hf("FalconForSequenceClassification", "FalconConfig", vocab_size=VOCAB, hidden_size=16,
+                        num_hidden_layers=2, num_attention_heads=2, pad_token_id=0, hidden_dropout=0.0,
+                        attention_dropout=0.0, num_labels=CLASSES, alibi=True, attn_implementation="eager")),
+    # global response normalization (an L2 norm over the spatial axes, divided by its channel mean)
+    _vision("convnextv2", "transformers", _hf("ConvNextV2ForImageClassification", "ConvNextV2Config",
+                                              hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1], num_labels=CLASSES,
+                                              drop_path_rate=0.0)),
+    # wav2vec2's feature encoder and weight-normalized positional convolution, an attention-pooled head
+    Spec("hubert", "transformers", _hf("HubertForSequenceClassification", "HubertConfig", conv_dim=(8, 8),
+                                       conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                                       num_conv_pos_embedding_groups=2, feat_proj_dropout=0.0, activation_dropout=0.0,
+                                       final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0, classifier_proj_size=8,
+                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_SMALL_HF),
+         _audio, _classes, (400, 640), {1: "samples"}, batches=(2, 3)),
+    # talking-heads attention, LayerScale, class-attention layers; the position embedding fixes the size
+    _vision("cait", "timm", _timm("cait_xxs24_224", img_size=32, embed_dim=16, depth=2, num_heads=2, depth_token_only=1,
+                                  drop_path_rate=0.0), sizes=(32, None), axes={}),
+    # pooling between transformer stages by a strided depthwise convolution over the token grid
+    _vision("pit", "timm", _timm("pit_ti_224", img_size=64), sizes=(64, None), axes={}),
+    # universal inverted bottlenecks (optional depthwise convolutions before and after the expansion)
+    _vision("mobilenetv4", "timm", _timm("mobilenetv4_conv_small")),
+    # learnable affine blocks (a scale and a bias per activation), ESE attention
+    _vision("hgnetv2", "timm", _timm("hgnetv2_b0")),
+    # partial convolution: a 3x3 convolution on a channel slice, concatenated with the rest
+    _vision("fasternet", "timm", _timm("fasternet_t0")),
+    # gated CNN blocks: a depthwise convolution on a channel split, multiplied by a gate
+    _vision("mambaout", "timm", _timm("mambaout_femto", drop_path_rate=0.0)),
+    # spatial-reduction attention (keys and values from a strided convolution), depthwise convolution in the MLP
+    _vision("pvt_v2", "timm", _timm("pvt_v2_b0", drop_path_rate=0.0)),
+    # cascaded group attention with attention biases gathered for a fixed resolution
+    _vision("efficientvit_m0", "timm", _timm("efficientvit_m0", img_size=64), sizes=(64, None), axes={}),
+    # gated positional self-attention (a learned mix of content and position attention)
+    _vision("convit", "timm", _timm("convit_tiny", img_size=32, depth=2, drop_path_rate=0.0), sizes=(32, None),
+            axes={}),
+    # DFC attention: a gate from horizontal and vertical depthwise convolutions on a pooled map, upsampled
+    _vision("ghostnetv2", "timm", _timm("ghostnetv2_100")),
+    # torchvision's own ConvNeXt: LayerNorm over channels through permutes, LayerScale
+    _vision("convnext_tiny", "torchvision", _torchvision("convnext_tiny", stochastic_depth_prob=0.0)),
+    # rotary embeddings over the 2-D patch grid, SwiGLU; timm's TorchScript path cannot be exported
+    _vision("eva02", "timm", _timm("eva02_tiny_patch14_224", img_size=56, depth=2, drop_path_rate=0.0),
+            sizes=(56, None), axes={}),
+    # the MLP-Mixer family: MLPs across the patch axis, whose count fixes the image size
+    _vision("mixer", "timm", _mlp_mixer("mixer"), sizes=(64, None), axes={}),
+    _vision("resmlp", "timm", _mlp_mixer("resmlp"), sizes=(64, None), axes={}),
+    _vision("gmlp", "timm", _mlp_mixer("gmlp"), sizes=(64, None), axes={}),
+    # window attention with padding to a multiple of the window, convolutional MBConv stages
+    _vision("tiny_vit", "timm", _timm("tiny_vit_5m_224", drop_path_rate=0.0)),
+    # inception branches concatenated, max pools with ceil_mode
+    _vision("googlenet", "torchvision", _torchvision("googlenet", aux_logits=False, init_weights=True, dropout=0.0)),
+    # factorized 1x7 / 7x1 convolutions, BatchNorm with eps 1e-3 (its last blocks see 1x1 maps at these sizes)
+    _vision("inception_v3", "torchvision", _torchvision("inception_v3", aux_logits=False, init_weights=True,
+                                                        dropout=0.0), sizes=(96, 128)),
     # torch.nn recurrences with a sequence length known only at run time (each direction is a Scan)
     Spec("lstm_bidirectional", "torch", _recurrent("LSTM", num_layers=2, bidirectional=True), _tokens, _classes,
          (8, 12), SEQUENCE_AXES, batches=(2, 3)),

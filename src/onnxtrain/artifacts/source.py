@@ -16,6 +16,7 @@ from onnxtrain.artifacts.passes.fold_index_constants import FoldIndexConstants
 from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.ir.passes import clone, clone_without, declare_as_inputs, default_opset, node_inputs
+from onnxtrain.ir.symbolic import canonical_name, input_symbols
 from onnxtrain.ir.types import onnx_dtype
 
 __all__ = ["SourceModel", "load_source_model", "MIN_OPSET", "KEEP_OPSET_FROM"]
@@ -89,6 +90,7 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     elif opset < 14:
         annotate_reshape_ranks(proto, weights)
     _unalias_initializers(proto.graph, weights)
+    _spell_declared_sizes(proto.graph)
     # a Slice's bounds written as Unsqueeze(Constant): shape inference reads only constants (FoldIndexConstants)
     proto = FoldIndexConstants().run(proto).model
     # onnxruntime folds a Cast of a constant, not a CastLike to a graph input's type (dynamo's zero conv biases)
@@ -97,6 +99,19 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
         types = {x: onnx_dtype(weights[x].dtype) for x in likes if x in weights}
         proto = CastLikeToCast(types).run(proto).model
     return SourceModel(proto, weights, opset, first_output, detached)
+
+
+def _spell_declared_sizes(graph: onnx.GraphProto) -> None:
+    """The sizes the exporter declares (value infos, outputs) as expressions of the inputs' symbols, spelled as
+    ONNX inference's solvers name them (``ir.symbolic.canonical_name``), in place: torch's dynamo exporter declares
+    ``((s27//10)) - 1`` where a convolution's output is ``floor((s27-10)/10)``, and two names for one size make
+    the gradients of the ops joining them reduce at run time."""
+    given = input_symbols(graph)
+    for vi in [*graph.value_info, *graph.output]:
+        if vi.type.HasField("tensor_type"):
+            for dim in vi.type.tensor_type.shape.dim:
+                if dim.dim_param:
+                    dim.dim_param = canonical_name(dim.dim_param, given)
 
 
 def _split_sequences(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.ModelProto:

@@ -14,6 +14,7 @@ size.
 
 from __future__ import annotations
 
+import ast
 import collections
 import math
 
@@ -24,14 +25,14 @@ from onnxtrain.ir.passes import constant_values
 from onnxtrain.ir.types import Dim, TensorInfo
 
 __all__ = ["solve", "solve_reshapes", "solve_windows", "solve_computed_shapes", "input_symbols", "integer_constants",
-           "without_fresh", "SOLVED", "ShapeValue"]
+           "without_fresh", "canonical_name", "SOLVED", "ShapeValue"]
 
 
 def solve(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
           constants: dict[str, ShapeValue] | None = None) -> dict[str, TensorInfo]:
     """Every solver's findings for one round of inference results ``infos`` (``constants``: the graph's
     :func:`integer_constants`, computed once for several rounds)."""
-    return {**solve_computed_shapes(graph, infos, constants), **solve_windows(graph, infos),
+    return {**solve_computed_shapes(graph, infos, constants), **solve_windows(graph, infos, constants),
             **solve_reshapes(graph, infos)}
 
 
@@ -47,6 +48,48 @@ def without_fresh(info: TensorInfo, given: set[str] | frozenset[str] = frozenset
     if info.shape is None:
         return info
     return TensorInfo(info.elem_type, tuple(None if _fresh(d, given) else d for d in info.shape))
+
+
+def canonical_name(size: str, given: set[str] | frozenset[str]) -> str:
+    """``size``, an exporter's expression of a graph input's symbol, in the spelling the solvers use, so that the
+    same size has one name: torch's dynamo exporter declares ``((s27//10)) - 1`` for what :func:`solve_windows`
+    calls ``floor((s27-10)/10)``. Sums with integers, floor divisions by integers and parentheses are read;
+    anything else (and a symbol not in ``given``) is returned as it is."""
+    if size in given or not any(c in size for c in "+-/"):
+        return size
+    try:
+        tree = ast.parse(size, mode="eval").body
+    except (SyntaxError, ValueError):
+        return size
+    window = _window_of(tree, given)
+    return size if window is None else _window_name(window)
+
+
+def _window_of(tree: ast.AST, given) -> _Window | None:
+    """(base, offset, stride) with ``tree`` = floor((base + offset) / stride), or None."""
+    if isinstance(tree, ast.Name):
+        return (tree.id, 0, 1) if tree.id in given else None
+    if not isinstance(tree, ast.BinOp):
+        return None
+    left, right = tree.left, tree.right
+    if isinstance(tree.op, ast.Add) and _is_int(left):
+        left, right = right, left
+    if not _is_int(right):
+        return None
+    inner = _window_of(left, given)
+    if inner is None:
+        return None
+    base, offset, stride = inner
+    if isinstance(tree.op, ast.FloorDiv) and right.value > 0:
+        return base, offset, stride * right.value  # floor(floor(x / s) / c) = floor(x / (s c))
+    if isinstance(tree.op, (ast.Add, ast.Sub)):
+        step = right.value if isinstance(tree.op, ast.Add) else -right.value
+        return base, offset + step * stride, stride  # floor(x / s) + k = floor((x + k s) / s)
+    return None
+
+
+def _is_int(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int
 
 
 def solve_reshapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
@@ -164,9 +207,11 @@ def _window_attrs(node: onnx.NodeProto, kernel: tuple) -> list[tuple[int, int]] 
             for i in range(rank)]
 
 
-def solve_windows(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
-    """The outputs of ``graph``'s convolutions and pools (and of the broadcasting ops that join them) whose
-    spatial sizes follow from an input's symbol, named after it: ``floor((height+1)/2)``.
+def solve_windows(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
+                  constants: dict[str, ShapeValue] | None = None) -> dict[str, TensorInfo]:
+    """The outputs of ``graph``'s convolutions and pools (and of the broadcasting ops that join them, and of
+    Slices that trim them by constants) whose spatial sizes follow from an input's symbol, named after it:
+    ``floor((height+1)/2)``.
 
     ONNX inference gives a convolution's output a fresh symbol for each spatial axis of run-time size, even for a
     3x3 convolution with padding 1, whose output has its input's size. Two branches of a residual block then
@@ -174,11 +219,14 @@ def solve_windows(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[
     (a copy of the activation per Add and step, and the nodes that compute the axes). The size is
     floor((in + offset) / stride), and a chain of them is one such floor, so equal sizes get equal names:
     floor((floor((h + a) / s) + b) / t) = floor((h + a + b s) / (s t)). A Conv's padding mode (explicit pads,
-    VALID, SAME_*) is followed; ceil_mode pools are left alone.
+    VALID, SAME_*) is followed; ceil_mode pools are left alone. A Slice by constants that drops ``c`` elements
+    of such a size (wav2vec2's positional convolution, padded by half its even kernel, then ``[..., :-1]``) leaves
+    floor((in + offset - c stride) / stride), taking the size to be above ``c``.
     """
     if not any(n.op_type in _WINDOWED for n in graph.node):
         return {}
     given = input_symbols(graph)
+    constants = integer_constants(graph) if constants is None else constants
     windows: dict[str, _Window] = {symbol: (symbol, 0, 1) for symbol in given}
     solved: dict[str, TensorInfo] = {}
 
@@ -238,16 +286,50 @@ def solve_windows(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict[
                 if len(found) == 1 and None not in found and dims:
                     sizes[axis] = found.pop()
             settle(node.output[0], out, sizes)
+        elif node.op_type == "Slice":
+            source = infos.get(node.input[0])
+            if source is None or source.shape is None or len(source.shape) != len(out):
+                continue
+            sizes = {}
+            for axis, dropped in _trims(node, constants, len(out)):
+                size = window(source.shape[axis])
+                if size is not None and not isinstance(out[axis], int):
+                    base, a, s = size
+                    sizes[axis] = (base, a - dropped * s, s)
+            settle(node.output[0], out, sizes)
         else:  # an op that keeps its input's symbols keeps their windows
             continue
     return solved
+
+
+def _trims(node: onnx.NodeProto, constants: dict[str, ShapeValue], rank: int) -> list[tuple[int, int]]:
+    """(axis, elements dropped) for each axis a Slice with constant bounds trims at either end by a fixed count:
+    a start from 0 up and an end below 0 (``[1:-1]``) or past any size (``[2:]``)."""
+    bounds = [constants.get(x) if x else None for x in node.input[1:5]]
+    if len(bounds) < 2 or bounds[0] is None or bounds[1] is None or any(
+            x and b is None for x, b in zip(node.input[3:5], bounds[2:])):
+        return []
+    starts, ends = bounds[0][0], bounds[1][0]
+    axes = bounds[2][0] if len(bounds) > 2 and bounds[2] is not None else tuple(range(len(starts)))
+    steps = bounds[3][0] if len(bounds) > 3 and bounds[3] is not None else (1,) * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps) or any(not -rank <= a < rank for a in axes):
+        return []
+    trims = []
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        if step != 1 or start < 0:
+            continue
+        if end < 0:
+            trims.append((axis % rank, start - end))
+        elif end >= 2**31 - 1 and start > 0:
+            trims.append((axis % rank, start))
+    return trims
 
 
 # A small integer vector's entries as far as they are known: ints, symbols, None; and whether it is a scalar.
 ShapeValue = tuple[tuple[Dim, ...], bool]
 
 _FOLLOWED = frozenset({"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Cast", "Identity", "ConstantOfShape",
-                       "Add", "Sub", "Mul", "Reshape", "Equal", "Where", "ReduceProd", "Max", "Min"})
+                       "Add", "Sub", "Mul", "Reshape", "Expand", "Equal", "Where", "ReduceProd", "Max", "Min"})
 
 
 def integer_constants(graph: onnx.GraphProto) -> dict[str, ShapeValue]:
@@ -260,9 +342,9 @@ def integer_constants(graph: onnx.GraphProto) -> dict[str, ShapeValue]:
 def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo], constants: dict[str, ShapeValue],
                   given: set[str]) -> dict[str, ShapeValue]:
     """The values of ``graph``'s shape arithmetic, symbols included: ``Unsqueeze(Gather(Shape(ids), 1))`` is
-    ("sequence",). Constants, Shape, Gather, Unsqueeze, Squeeze, Concat, Cast, Identity, Reshape (of a vector),
-    ConstantOfShape, integer Add/Sub/Mul, Max/Min, ReduceProd (a product, named as :func:`_quotient` names it), and
-    torch's Where(Equal(shape, -1), ..., shape) are followed."""
+    ("sequence",). Constants, Shape, Gather, Unsqueeze, Squeeze, Concat, Cast, Identity, Reshape and Expand (to a
+    vector of the same entries), ConstantOfShape, integer Add/Sub/Mul, Max/Min, ReduceProd (a product, named as
+    :func:`_quotient` names it), and torch's Where(Equal(shape, -1), ..., shape) are followed."""
     values = dict(constants)
     flags: dict[str, tuple[bool | None, ...]] = {}  # Equal nodes' outputs, where known
     for node in graph.node:
@@ -310,8 +392,12 @@ def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo], constant
             # tf2onnx's einsum: the product of the batch axes' sizes, read from a shape
             keep = attrs.get("keepdims", 1)
             result = ((_quotient(known[0][0], [], given),), not keep)
-        elif node.op_type == "Reshape" and None not in known and len(known[1][0]) == 1 and not known[0][1]:
-            result = (known[0][0], False)  # a vector to a vector
+        elif node.op_type == "Reshape" and None not in known and len(known[1][0]) == 1 and \
+                (not known[0][1] or known[1][0][0] in (-1, 1)):
+            result = (known[0][0], False)  # a vector (or a scalar: the dynamo exporter's group count) to a vector
+        elif node.op_type == "Expand" and None not in known and len(known[1][0]) == 1 and \
+                known[1][0][0] in (1, len(known[0][0])):
+            result = (known[0][0], False)  # the dynamo exporter's Expand(Shape(weight)[:1], [1])
         elif node.op_type == "Equal" and None not in known:
             # torch writes expand(...) as Where(Equal(shape, -1), ones, shape): sizes are never negative
             (left, _), (right, _) = known

@@ -103,14 +103,26 @@ def _infer_declared(model: onnx.ModelProto, declared: dict[str, TensorInfo]) -> 
     graph = model.graph
     saved = [vi.SerializeToString() for vi in graph.value_info]
     kept = [onnx.ValueInfoProto.FromString(b) for b in saved]
+    own = {vi.name: _info_from_type(vi.type) for vi in kept if vi.name in declared}
     del graph.value_info[:]
     graph.value_info.extend(vi for vi in kept if vi.name not in declared)
-    graph.value_info.extend(value_info(name, info) for name, info in declared.items())
+    graph.value_info.extend(value_info(name, _over(info, own.get(name))) for name, info in declared.items())
     try:
         return _infer_once(model)
     finally:
         del graph.value_info[:]
         graph.value_info.extend(onnx.ValueInfoProto.FromString(b) for b in saved)
+
+
+def _over(solution: TensorInfo, own: TensorInfo | None) -> TensorInfo:
+    """A solver's ``solution`` laid over the model's ``own`` declaration of the same value: where the solution
+    has only inference's fresh symbol (or nothing), the model's size stays (an exporter's name for a size the
+    solvers could not derive is better than none)."""
+    if own is None or own.shape is None or solution.shape is None or len(own.shape) != len(solution.shape):
+        return solution
+    unknown = lambda d: d is None or isinstance(d, str) and d.startswith("unk__")  # noqa: E731
+    return TensorInfo(solution.elem_type, tuple(o if unknown(d) and not unknown(o) else d
+                                                for d, o in zip(solution.shape, own.shape)))
 
 
 def _infer_once(model: onnx.ModelProto) -> dict[str, TensorInfo]:
@@ -162,16 +174,19 @@ def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], di
                 if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")]
     symbols = {d.dim_param for i in graph.input if i.type.HasField("tensor_type")
                for d in i.type.tensor_type.shape.dim if d.dim_param}
-    infos, corrected = dict(inferred), {}
+    infos, corrected, filled = dict(inferred), {}, False
     for vi in declares:
         declared = _info_from_type(vi.type)
         if declared is None:
             continue
         merged, contradicted = _merge(inferred.get(vi.name), declared, symbols)
         infos[vi.name] = merged
+        filled |= merged != inferred.get(vi.name)
         if contradicted:
             corrected[vi.name] = merged
-    if all(o in infos and infos[o].rank is not None for n in graph.node for o in n.output if o):
+    # a declaration that told inference something new is told to the values computed from it too (the dynamo
+    # exporter declares a causal mask's Expand, not the Where that reads it)
+    if not filled and all(o in infos and infos[o].rank is not None for n in graph.node for o in n.output if o):
         return infos, corrected
     if not corrected:  # the declarations as they are
         return infer_tensor_info(model), corrected
@@ -209,7 +224,8 @@ def _merge(derived: TensorInfo | None, declared: TensorInfo, symbols: set[str]) 
         return TensorInfo(elem_type, derived.shape), True
     dims, contradicted = [], False
     for found, said in zip(derived.shape, declared.shape):
-        if isinstance(found, int) or (isinstance(found, str) and found in symbols):
+        # an input's symbol, or a size the solvers named from them (ir.symbolic), is as good as a number
+        if isinstance(found, int) or (isinstance(found, str) and (found in symbols or not found.startswith("unk__"))):
             contradicted |= isinstance(said, int) and said != found
             dims.append(found)
         else:  # inference could not tell (None, or a symbol it made up): the declaration's
