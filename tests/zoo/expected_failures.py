@@ -47,6 +47,9 @@ _FALCON_TORCHSCRIPT = ("InvalidModelError: the model is not valid ONNX, so no ar
                        "/model/transformer/Cast): output has unsupported type tensor(complex128). ...")
 _FALCON_DYNAMO = ("ArtifactError: the training model cannot be loaded: ... Could not find an implementation for "
                   "Mul(14) node with name 'node_mul_20' (node 'node_mul_20' reads bfloat16, bfloat16: ...)")
+# as EfficientNet-B0's: inference-mode BatchNorm on a random Inception-v3 (first loss 15.1 at 128 px), AdamW at the
+# harness's learning rate diverges in the dynamo export's run; its gradients match torch (base, batch, size)
+_INCEPTION_DYNAMO_DIVERGES = "AssertionError: loss did not decrease in 20 AdamW steps: 15.1 -> 22.4"
 # timm's EVA attention passes is_causal as a tensor, which the TorchScript tracer refuses (dynamo exports it)
 _EVA02_TORCHSCRIPT = ("TypeError: scaled_dot_product_attention(): argument 'is_causal' must be bool, not Tensor")
 
@@ -54,6 +57,7 @@ EXPECTED_FAILURES: dict[tuple[str, ...], str] = {
     **{("falcon", e): _FALCON_TORCHSCRIPT for e in ("torchscript-train", "torchscript-eval")},
     **{("falcon", "dynamo", c): _FALCON_DYNAMO for c in ("base", "batch", "size", "trains", "exports")},
     **{("eva02", e): _EVA02_TORCHSCRIPT for e in ("torchscript-train", "torchscript-eval")},
+    ("inception_v3", "dynamo", "trains"): _INCEPTION_DYNAMO_DIVERGES,
     ("rnn_relu", "dynamo"): _RNN_DYNAMO,
     **{("fnet", e): _FNET_TORCHSCRIPT for e in ("torchscript-train", "torchscript-eval")},
     ("beit", "dynamo"): _BEIT_DYNAMO,
