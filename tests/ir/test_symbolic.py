@@ -194,24 +194,30 @@ def test_onnx_inference_alone_gives_each_convolution_fresh_symbols():
     assert dims["c"][2] != dims["d"][2]
 
 
-@pytest.mark.parametrize("size", [(7, 9), (8, 6), (5, 5)])
-def test_the_named_sizes_are_the_run_time_sizes(size):
+def _check_named_sizes_at_run_time(model: onnx.ModelProto, values: str, x: np.ndarray, env: dict) -> None:
+    """Each of ``values``' inferred sizes, evaluated at ``env`` (the input symbols' values), is its shape when
+    onnxruntime runs ``model`` on ``x`` (the other inputs: random, their static shapes)."""
     import onnxruntime as ort
 
-    model = _residual_cnn(TensorProto.FLOAT)
     infos = infer_tensor_info(model)
     del model.graph.output[:]
-    model.graph.output.extend(helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in "abcdefgy")
+    model.graph.output.extend(helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in values)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     feeds = {i.name: rng.standard_normal([d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(np.float32)
              for i in model.graph.input}
-    feeds["x"] = rng.standard_normal((1, 2, *size)).astype(np.float32)
-    env = {"n": 1, "h": size[0], "w": size[1]}
-    for name, value in zip("abcdefgy", session.run(None, feeds)):
+    feeds["x"] = x
+    for name, value in zip(values, session.run(None, feeds)):
         expected = [d if isinstance(d, int) else eval(d.replace("floor", "int").replace("/", "//"), {}, env)
                     for d in infos[name].shape]
         assert list(value.shape) == expected, name
+
+
+@pytest.mark.parametrize("size", [(7, 9), (8, 6), (5, 5)])
+def test_the_named_sizes_are_the_run_time_sizes(size):
+    x = np.random.default_rng(1).standard_normal((1, 2, *size)).astype(np.float32)
+    env = {"n": 1, "h": size[0], "w": size[1]}
+    _check_named_sizes_at_run_time(_residual_cnn(TensorProto.FLOAT), "abcdefgy", x, env)
 
 
 def _embeddings():
@@ -389,22 +395,8 @@ def test_a_slice_that_trims_a_named_size_keeps_the_naming():
 
 @pytest.mark.parametrize("samples", [400, 409, 640])
 def test_the_trimmed_sizes_are_the_run_time_sizes(samples):
-    import onnxruntime as ort
-
-    model = _positional_convolution()
-    infos = infer_tensor_info(model)
-    del model.graph.output[:]
-    model.graph.output.extend(helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in "abcdy")
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    feeds = {i.name: rng.standard_normal([d.dim_value or 1 for d in i.type.tensor_type.shape.dim]).astype(np.float32)
-             for i in model.graph.input}
-    feeds["x"] = rng.standard_normal((2, samples)).astype(np.float32)
-    env = {"n": 2, "samples": samples}
-    for name, value in zip("abcdy", session.run(None, feeds)):
-        expected = [d if isinstance(d, int) else eval(d.replace("floor", "int").replace("/", "//"), {}, env)
-                    for d in infos[name].shape]
-        assert list(value.shape) == expected, name
+    x = np.random.default_rng(1).standard_normal((2, samples)).astype(np.float32)
+    _check_named_sizes_at_run_time(_positional_convolution(), "abcdy", x, {"n": 2, "samples": samples})
 
 
 def test_the_positional_convolution_trains_without_run_time_reductions(tmp_path):

@@ -148,9 +148,9 @@ def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], di
     inputs only may declare static outputs, and a gradient rule that took such a size for static would silently
     compute the wrong gradient at any other size. Where inference finds one of the inputs' dynamic dimensions
     (or another size) and the declaration has a static size, the inferred dimension wins. Where inference finds
-    nothing (a dimension it cannot compute), the declaration is kept; if inference from the inputs alone leaves
-    the rank of a node's output unknown, it runs again with the (corrected) declarations, which it then builds
-    on, as ``infer_tensor_info`` does.
+    nothing (a dimension it cannot compute), the declaration is kept; if a declaration filled in such a dimension,
+    or inference from the inputs alone leaves the rank of a node's output unknown, it runs again with the
+    (corrected) declarations, which it then builds on, as ``infer_tensor_info`` does.
     """
     graph = model.graph
     if not graph.value_info and not any(o.type.tensor_type.HasField("shape") for o in graph.output
