@@ -472,3 +472,32 @@ def test_the_source_models_declared_sizes_are_respelled_on_loading():
     assert spelled == {"a": ["n", 4, "floor((samples-5)/5)"], "b": ["n", 4, "floor((samples-10)/10)"],
                        "y": ["n", 4, "Max(1, q)"]}
     assert infer_tensor_info(model)["b"].shape == ("n", 4, "floor((samples-10)/10)")
+
+
+def test_a_derived_size_wins_over_another_name_declared_for_it(tmp_path):
+    """The dynamo exporter declares BERT's position ids sliced to the sequence as ``Min(32, s)`` (the table's
+    length or the sequence's); the slice is ``s`` or the Add with the word embeddings would fail, so the derived
+    name is used, declared values computed from it included, and the gradient does not reduce at run time."""
+    from onnxtrain.ir.types import infer_from_inputs
+
+    ints = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Shape", ["ids"], ["length"], start=1, end=2),
+             helper.make_node("Slice", ["position_ids", "zero", "length", "one"], ["positions"]),
+             helper.make_node("Gather", ["position_table", "positions"], ["position_embeddings"]),
+             helper.make_node("Gather", ["word_table", "ids"], ["word_embeddings"]),
+             helper.make_node("Add", ["word_embeddings", "position_embeddings"], ["y"])]
+    inits = [ints("position_ids", [list(range(32))]), ints("zero", [0]), ints("one", [1]),
+             numpy_helper.from_array(rng.standard_normal((32, 4)).astype(np.float32), "position_table"),
+             numpy_helper.from_array(rng.standard_normal((10, 4)).astype(np.float32), "word_table")]
+    declared = [helper.make_tensor_value_info("positions", TensorProto.INT64, [1, "Min(32, s)"]),
+                helper.make_tensor_value_info("position_embeddings", TensorProto.FLOAT, [1, "Min(32, s)", 4])]
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["n", "s"])
+    graph = helper.make_graph(nodes, "embeddings", [ids], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              inits, value_info=declared)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    infos, corrected = infer_from_inputs(model)
+    assert infos["position_embeddings"].shape == (1, "s", 4) and "position_embeddings" in corrected
+    artifacts.generate_artifacts(model, loss=artifacts.LossType.MSELoss, artifact_directory=str(tmp_path))
+    training = onnx.load(str(tmp_path / "training_model.onnx"))
+    assert not [n.name for n in training.graph.node if n.op_type == "NonZero"]

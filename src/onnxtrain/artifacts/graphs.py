@@ -167,8 +167,9 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     state_inputs = [i for i in fwd.input if i.name in weights]
     infos, corrected = infer_from_inputs(_model(model, fwd, {}))
     if corrected:
-        logger.info("%d declared shapes of the model (value infos, outputs) have a static size where its inputs "
-                    "give a dynamic one (e.g. %r): the dynamic one is used", len(corrected), next(iter(corrected)))
+        logger.info("%d declared shapes of the model (value infos, outputs) differ from what its inputs give (a "
+                    "static size for a dynamic one, another name for a size; e.g. %r): the inputs' are used",
+                    len(corrected), next(iter(corrected)))
         redeclare(fwd, corrected)
 
     output_names = [o.name for o in graph.output]

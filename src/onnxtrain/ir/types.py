@@ -147,10 +147,11 @@ def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], di
     inputs (a recurrent layer's output over a dynamic sequence, for one), an export given dynamic axes for its
     inputs only may declare static outputs, and a gradient rule that took such a size for static would silently
     compute the wrong gradient at any other size. Where inference finds one of the inputs' dynamic dimensions
-    (or another size) and the declaration has a static size, the inferred dimension wins. Where inference finds
-    nothing (a dimension it cannot compute), the declaration is kept; if a declaration filled in such a dimension,
-    or inference from the inputs alone leaves the rank of a node's output unknown, it runs again with the
-    (corrected) declarations, which it then builds on, as ``infer_tensor_info`` does.
+    (or another size, or a size :mod:`onnxtrain.ir.symbolic` named) and the declaration has a static size or
+    another name (the dynamo exporter's ``Min(32, s27)`` for a slice to the sequence), the inferred dimension
+    wins. Where inference finds nothing (a dimension it cannot compute), the declaration is kept; if a declaration
+    filled in such a dimension, or inference from the inputs alone leaves the rank of a node's output unknown, it
+    runs again with the (corrected) declarations, which it then builds on, as ``infer_tensor_info`` does.
     """
     graph = model.graph
     if not graph.value_info and not any(o.type.tensor_type.HasField("shape") for o in graph.output
@@ -226,7 +227,8 @@ def _merge(derived: TensorInfo | None, declared: TensorInfo, symbols: set[str]) 
     for found, said in zip(derived.shape, declared.shape):
         # an input's symbol, or a size the solvers named from them (ir.symbolic), is as good as a number
         if isinstance(found, int) or (isinstance(found, str) and (found in symbols or not found.startswith("unk__"))):
-            contradicted |= isinstance(said, int) and said != found
+            # a static size, or another name for the size (dynamo's ``Min(32, s27)`` for a slice to ``s27``)
+            contradicted |= said is not None and said != found
             dims.append(found)
         else:  # inference could not tell (None, or a symbol it made up): the declaration's
             dims.append(said if said is not None else found)
