@@ -171,6 +171,7 @@ def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], di
         graph.value_info.extend(onnx.ValueInfoProto.FromString(b) for b in saved)
         for k, shape in shaped.items():
             graph.output[k].type.tensor_type.shape.ParseFromString(shape)  # a scalar's empty shape too
+    outputs = {o.name for o in graph.output}
     declares = [vi for vi in [*graph.value_info, *graph.output]
                 if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")]
     symbols = {d.dim_param for i in graph.input if i.type.HasField("tensor_type")
@@ -180,7 +181,8 @@ def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], di
         declared = _info_from_type(vi.type)
         if declared is None:
             continue
-        merged, contradicted = _merge(inferred.get(vi.name), declared, symbols)
+        # the graph's outputs keep the names their exporter gave them (the artifacts' outputs show them)
+        merged, contradicted = _merge(inferred.get(vi.name), declared, symbols, names=vi.name not in outputs)
         infos[vi.name] = merged
         filled |= merged != inferred.get(vi.name)
         if contradicted:
@@ -214,8 +216,10 @@ def redeclare(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> None:
                 dim.dim_param = size
 
 
-def _merge(derived: TensorInfo | None, declared: TensorInfo, symbols: set[str]) -> tuple[TensorInfo, bool]:
-    """(the info of one value from its derived and declared infos, whether the declaration is contradicted)."""
+def _merge(derived: TensorInfo | None, declared: TensorInfo, symbols: set[str],
+           names: bool = True) -> tuple[TensorInfo, bool]:
+    """(the info of one value from its derived and declared infos, whether the declaration is contradicted: by a
+    static size, or with ``names`` by another name too)."""
     if derived is None or derived.shape is None:
         return declared, False
     elem_type = derived.elem_type or declared.elem_type
@@ -228,7 +232,7 @@ def _merge(derived: TensorInfo | None, declared: TensorInfo, symbols: set[str]) 
         # an input's symbol, or a size the solvers named from them (ir.symbolic), is as good as a number
         if isinstance(found, int) or (isinstance(found, str) and (found in symbols or not found.startswith("unk__"))):
             # a static size, or another name for the size (dynamo's ``Min(32, s27)`` for a slice to ``s27``)
-            contradicted |= said is not None and said != found
+            contradicted |= isinstance(said, int) and said != found or names and said is not None and said != found
             dims.append(found)
         else:  # inference could not tell (None, or a symbol it made up): the declaration's
             dims.append(said if said is not None else found)
