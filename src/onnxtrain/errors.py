@@ -12,7 +12,15 @@ __all__ = [
     "LoRAError",
     "UnknownShapeError",
     "InvalidModelError",
+    "first_line",
 ]
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (at most 300 characters), or its type name: what an error of
+    onnxtrain's quotes of an engine's or a checker's."""
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
 
 
 class OnnxTrainError(Exception):

@@ -36,7 +36,7 @@ from onnxtrain.builtins import LossType, OptimType
 from onnxtrain.checkpoint import CheckpointData
 from onnxtrain.checkpoint.format import checkpoint_pieces
 from onnxtrain.conventions import artifact_file
-from onnxtrain.errors import InvalidModelError, PassError, UnsupportedOpError
+from onnxtrain.errors import InvalidModelError, PassError, UnsupportedOpError, first_line
 from onnxtrain.ir.files import PROTO_LIMIT, StagedFiles
 from onnxtrain.ir.pass_infra import PassManager
 from onnxtrain.lora import LoRA
@@ -252,7 +252,7 @@ def _checker_problem(model: onnx.ModelProto | str | os.PathLike) -> str | None:
     try:
         onnx.checker.check_model(model if isinstance(model, onnx.ModelProto) else os.fspath(model), full_check=True)
     except Exception as exc:  # ValidationError, InferenceError
-        return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300].rstrip(".")
+        return first_line(exc).rstrip(".")
     return None
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnxtrain.errors import OnnxTrainError, PassError
+from onnxtrain.errors import OnnxTrainError, PassError, first_line
 from onnxtrain.ir.files import PROTO_LIMIT
 from onnxtrain.ir.passes import shared_node_indices
 
@@ -80,8 +80,7 @@ class Pass:
         try:
             onnx.checker.check_model(model, full_check=True)
         except Exception as exc:  # ValidationError, InferenceError, and decoding errors for damaged strings
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            raise PassError(f"the {self.name} pass produced an invalid model: {first}") from None
+            raise PassError(f"the {self.name} pass produced an invalid model: {first_line(exc)}") from None
 
 
 class PassManager:

@@ -8,18 +8,12 @@ import numpy as np
 
 from onnxtrain.errors import ExecutionError, OnnxTrainError
 
-__all__ = ["run_session", "first_line"]
+__all__ = ["run_session"]
 
 _NODE = re.compile(r"running (\w+) node(?:\. Name:'([^']*)')?")
 # the ops where a class label (or another index) out of range fails; elsewhere that hint would mislead
 _INDEX_READERS = frozenset({"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "OneHot", "Gather",
                             "GatherElements", "GatherND", "ScatterElements", "ScatterND"})
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (at most 300 characters), or its type name."""
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
 
 
 def _engine_message(exc: BaseException) -> str:

@@ -10,9 +10,8 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
-from onnxtrain.errors import ArtifactError
+from onnxtrain.errors import ArtifactError, first_line
 from onnxtrain.runtime.backends import check_device, open_session
-from onnxtrain.runtime.engine_errors import first_line
 
 __all__ = ["load_model", "open_artifact_session", "check_connected"]
 
