@@ -22,7 +22,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.ir.passes import constant_values
-from onnxtrain.ir.types import Dim, TensorInfo
+from onnxtrain.ir.types import Dim, TensorInfo, fresh_symbol
 
 __all__ = ["solve", "solve_reshapes", "solve_windows", "solve_computed_shapes", "input_symbols", "integer_constants",
            "without_fresh", "canonical_name", "SOLVED", "ShapeValue"]
@@ -47,7 +47,7 @@ def without_fresh(info: TensorInfo, given: set[str] | frozenset[str] = frozenset
     declared (a declared fresh symbol would override the one inference finds)."""
     if info.shape is None:
         return info
-    return TensorInfo(info.elem_type, tuple(None if _fresh(d, given) else d for d in info.shape))
+    return TensorInfo(info.elem_type, tuple(None if fresh_symbol(d, given) else d for d in info.shape))
 
 
 def canonical_name(size: str, given: set[str] | frozenset[str]) -> str:
@@ -115,7 +115,7 @@ def solve_reshapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo]) -> dict
         source, target = infos.get(node.input[0]), infos.get(node.output[0])
         if source is None or target is None or source.shape is None or target.shape is None:
             continue
-        unknown = [k for k, d in enumerate(target.shape) if d is None or _fresh(d, given)]
+        unknown = [k for k, d in enumerate(target.shape) if d is None or fresh_symbol(d, given)]
         if len(unknown) != 1:
             continue
         size = _quotient(source.shape, [d for k, d in enumerate(target.shape) if k != unknown[0]], given)
@@ -134,7 +134,7 @@ def _monomial(dim: Dim, given: set[str]) -> _Monomial | None:
     """``dim`` as a product, or None for an unknown size (None, or a symbol of inference's own)."""
     if isinstance(dim, int):
         return dim, collections.Counter()
-    if dim is None or _fresh(dim, given):
+    if dim is None or fresh_symbol(dim, given):
         return None
     if dim in given or "*" not in dim:
         return 1, collections.Counter([dim])
@@ -142,7 +142,7 @@ def _monomial(dim: Dim, given: set[str]) -> _Monomial | None:
     for part in dim.split("*"):  # a product this module named
         if part.isdigit():
             coefficient *= int(part)
-        elif part and not _fresh(part, given):
+        elif part and not fresh_symbol(part, given):
             symbols[part] += 1
         else:
             return None
@@ -418,11 +418,6 @@ def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo], constant
 _INTEGER_ARITHMETIC = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b}
 
 
-def _fresh(dim: Dim, given: set[str]) -> bool:
-    """Whether ``dim`` is a symbol ONNX inference made up (unk__N): another round may give it to another size."""
-    return isinstance(dim, str) and dim.startswith("unk__") and dim not in given
-
-
 def _equal(a: Dim, b: Dim) -> bool | None:
     """Whether the shape entries ``a`` and ``b`` are equal at every run, differ at every run (a symbol is a size:
     never negative), or None (not known)."""
@@ -469,7 +464,7 @@ def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
             values = _shape_values(graph, infos, integer_constants(graph) if constants is None else constants, given)
         shape = _COMPUTED[node.op_type](node, infos, values, given)
         if shape is not None and len(shape) == len(out.shape):
-            shape = tuple(out.shape[a] if d is None or _fresh(d, given) else d for a, d in enumerate(shape))
+            shape = tuple(out.shape[a] if d is None or fresh_symbol(d, given) else d for a, d in enumerate(shape))
             if shape != tuple(out.shape):
                 solved[node.output[0]] = TensorInfo(out.elem_type, shape)
     return solved

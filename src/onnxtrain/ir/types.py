@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-__all__ = ["TensorInfo", "value_info", "infer_tensor_info", "infer_from_inputs", "redeclare", "np_dtype",
-           "onnx_dtype", "FLOAT_TYPES"]
+__all__ = ["TensorInfo", "value_info", "infer_tensor_info", "infer_from_inputs", "redeclare", "fresh_symbol",
+           "np_dtype", "onnx_dtype", "FLOAT_TYPES"]
 
 FLOAT_TYPES = frozenset(
     {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
@@ -114,13 +114,19 @@ def _infer_declared(model: onnx.ModelProto, declared: dict[str, TensorInfo]) -> 
         graph.value_info.extend(onnx.ValueInfoProto.FromString(b) for b in saved)
 
 
+def fresh_symbol(dim: Dim, given: set[str] | frozenset[str] = frozenset()) -> bool:
+    """Whether ``dim`` is a symbol ONNX inference made up (``unk__N``, not one of ``given``, the graph inputs'):
+    it names a size only within one inference, and the next may give it to another size."""
+    return isinstance(dim, str) and dim.startswith("unk__") and dim not in given
+
+
 def _over(solution: TensorInfo, own: TensorInfo | None) -> TensorInfo:
     """A solver's ``solution`` laid over the model's ``own`` declaration of the same value: where the solution
     has only inference's fresh symbol (or nothing), the model's size stays (an exporter's name for a size the
     solvers could not derive is better than none)."""
     if own is None or own.shape is None or solution.shape is None or len(own.shape) != len(solution.shape):
         return solution
-    unknown = lambda d: d is None or isinstance(d, str) and d.startswith("unk__")  # noqa: E731
+    unknown = lambda d: d is None or fresh_symbol(d)  # noqa: E731
     return TensorInfo(solution.elem_type, tuple(o if unknown(d) and not unknown(o) else d
                                                 for d, o in zip(solution.shape, own.shape)))
 
@@ -230,7 +236,7 @@ def _merge(derived: TensorInfo | None, declared: TensorInfo, symbols: set[str],
     dims, contradicted = [], False
     for found, said in zip(derived.shape, declared.shape):
         # an input's symbol, or a size the solvers named from them (ir.symbolic), is as good as a number
-        if isinstance(found, int) or (isinstance(found, str) and (found in symbols or not found.startswith("unk__"))):
+        if found is not None and not fresh_symbol(found, symbols):
             # a static size, or another name for the size (dynamo's ``Min(32, s27)`` for a slice to ``s27``)
             contradicted |= isinstance(said, int) and said != found or names and said is not None and said != found
             dims.append(found)
