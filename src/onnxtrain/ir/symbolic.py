@@ -305,24 +305,34 @@ def solve_windows(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
 def _trims(node: onnx.NodeProto, constants: dict[str, ShapeValue], rank: int) -> list[tuple[int, int]]:
     """(axis, elements dropped) for each axis a Slice with constant bounds trims at either end by a fixed count:
     a start from 0 up and an end below 0 (``[1:-1]``) or past any size (``[2:]``)."""
-    bounds = [constants.get(x) if x else None for x in node.input[1:5]]
-    if len(bounds) < 2 or bounds[0] is None or bounds[1] is None or any(
-            x and b is None for x, b in zip(node.input[3:5], bounds[2:])):
-        return []
+    trims = []
+    for start, end, axis, step in _slice_bounds(node, constants, rank) or ():
+        if step != 1 or start < 0 or not isinstance(end, int):
+            continue
+        if end < 0:
+            trims.append((axis, start - end))
+        elif end >= 2**31 - 1 and start > 0:
+            trims.append((axis, start))
+    return trims
+
+
+def _slice_bounds(node: onnx.NodeProto, values: dict[str, ShapeValue],
+                  rank: int) -> list[tuple[int, Dim, int, int]] | None:
+    """(start, end, axis from 0, step) per sliced axis of a Slice (opset 10 on) of rank ``rank``, from ``values``
+    (integer constants, or shape values with symbols: only an end may be one), or None when a bound is not
+    known."""
+    bounds = [values.get(x) if x else None for x in node.input[1:5]]
+    if len(bounds) < 2 or bounds[0] is None or bounds[1] is None:
+        return None
+    if any(x and b is None for x, b in zip(node.input[3:5], bounds[2:])):
+        return None  # axes or steps computed at run time
     starts, ends = bounds[0][0], bounds[1][0]
     axes = bounds[2][0] if len(bounds) > 2 and bounds[2] is not None else tuple(range(len(starts)))
     steps = bounds[3][0] if len(bounds) > 3 and bounds[3] is not None else (1,) * len(starts)
-    if not len(starts) == len(ends) == len(axes) == len(steps) or any(not -rank <= a < rank for a in axes):
-        return []
-    trims = []
-    for start, end, axis, step in zip(starts, ends, axes, steps):
-        if step != 1 or start < 0:
-            continue
-        if end < 0:
-            trims.append((axis % rank, start - end))
-        elif end >= 2**31 - 1 and start > 0:
-            trims.append((axis % rank, start))
-    return trims
+    if not all(isinstance(v, int) for v in (*starts, *axes, *steps)) or not len(starts) == len(ends) == len(axes) \
+            == len(steps) or any(not -rank <= a < rank for a in axes):
+        return None
+    return [(start, end, axis % rank, step) for start, end, axis, step in zip(starts, ends, axes, steps)]
 
 
 # A small integer vector's entries as far as they are known: ints, symbols, None; and whether it is a scalar.
@@ -472,21 +482,14 @@ def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
 
 def _sliced(node, infos, values, given) -> list[Dim] | None:
     data = infos.get(node.input[0])
-    bounds = [values.get(x) if x else None for x in node.input[1:5]]
-    if data is None or data.shape is None or len(bounds) < 2 or bounds[0] is None or bounds[1] is None:
+    if data is None or data.shape is None:
         return None
-    if any(x and b is None for x, b in zip(node.input[3:5], bounds[2:])):
-        return None  # axes or steps computed at run time
-    starts, ends = bounds[0][0], bounds[1][0]
-    rank = len(data.shape)
-    axes = bounds[2][0] if len(bounds) > 2 and bounds[2] is not None else tuple(range(len(starts)))
-    steps = bounds[3][0] if len(bounds) > 3 and bounds[3] is not None else (1,) * len(starts)
-    if not all(isinstance(v, int) for v in (*starts, *axes, *steps)) or not len(starts) == len(ends) == len(axes) \
-            == len(steps) or any(not -rank <= a < rank for a in axes):
+    bounds = _slice_bounds(node, values, len(data.shape))
+    if bounds is None:
         return None
     shape = list(data.shape)
-    for start, end, axis, step in zip(starts, ends, axes, steps):
-        shape[axis % rank] = _sliced_size(data.shape[axis % rank], start, end, step, given)
+    for start, end, axis, step in bounds:
+        shape[axis] = _sliced_size(data.shape[axis], start, end, step, given)
     return shape
 
 

@@ -238,7 +238,7 @@ def _merge(derived: TensorInfo | None, declared: TensorInfo, symbols: set[str],
         # an input's symbol, or a size the solvers named from them (ir.symbolic), is as good as a number
         if found is not None and not fresh_symbol(found, symbols):
             # a static size, or another name for the size (dynamo's ``Min(32, s27)`` for a slice to ``s27``)
-            contradicted |= isinstance(said, int) and said != found or names and said is not None and said != found
+            contradicted |= said is not None and said != found and (names or isinstance(said, int))
             dims.append(found)
         else:  # inference could not tell (None, or a symbol it made up): the declaration's
             dims.append(said if said is not None else found)
