@@ -8,11 +8,15 @@ from onnxtrain.ir.symbolic import solve_reshapes
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
 
+def _int64(name: str, values) -> onnx.TensorProto:
+    """An int64 initializer (shapes, indices, slice bounds)."""
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
 def _attention_heads(heads_target):
     """(b, s, 8) -> queries and keys (-x) split into heads of 2 by Reshapes to ``heads_target`` (computed from
     Shape(x) as transformers exports it), (q @ k^T) @ q over (b, h, s, 2), merged back by a Reshape to (b, s, -1)."""
-    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
-             [("i01", [0, 1]), ("tail", heads_target), ("merge_tail", [-1])]]
+    inits = [_int64("i01", [0, 1]), _int64("tail", heads_target), _int64("merge_tail", [-1])]
     nodes = [helper.make_node("Shape", ["x"], ["xs"]),
              helper.make_node("Gather", ["xs", "i01"], ["bs"], axis=0),
              helper.make_node("Concat", ["bs", "tail"], ["heads_shape"], axis=0),
@@ -119,8 +123,7 @@ def _stacked_attention(layers: int):
     """``layers`` residual attention layers over x (b, 3, 8), each splitting its heads with Reshape(-1, 3, 4, 2)
     and merging them with Reshape(-1, 3, 8), as a hand-written torch model does (``t.reshape(-1, seq, heads,
     dim)``): ONNX gives each Reshape's batch axis a fresh symbol."""
-    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
-             [("split", [-1, 3, 4, 2]), ("merge", [-1, 3, 8])]]
+    inits = [_int64("split", [-1, 3, 4, 2]), _int64("merge", [-1, 3, 8])]
     rng = np.random.default_rng(0)
     nodes, x = [], "x"
     for k in range(layers):
@@ -224,10 +227,9 @@ def _embeddings():
     """BERT's embeddings as torch's TorchScript exporter writes them: position ids sliced from a (1, 16) buffer to
     the ids' length, token types expanded to the ids' shape through Where(Equal(shape, -1), ones, shape), a
     Range over the batch, and a Reshape to (batch, sequence, -1, 2) whose shape is computed."""
-    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
     rng = np.random.default_rng(0)
-    inits = [i64("positions", np.arange(16)[None]), i64("types", np.zeros((1, 16))), i64("zero", 0), i64("one", 1),
-             i64("axis0", [0]), i64("minus1", [-1]), i64("two", [2]), i64("m1", -1),
+    inits = [_int64("positions", np.arange(16)[None]), _int64("types", np.zeros((1, 16))), _int64("zero", 0),
+             _int64("one", 1), _int64("axis0", [0]), _int64("minus1", [-1]), _int64("two", [2]), _int64("m1", -1),
              numpy_helper.from_array(rng.standard_normal((30, 4)).astype(np.float32), "word"),
              numpy_helper.from_array(rng.standard_normal((16, 4)).astype(np.float32), "position"),
              numpy_helper.from_array(rng.standard_normal((2, 4)).astype(np.float32), "type")]
@@ -248,7 +250,7 @@ def _embeddings():
              n("Concat", ["b1", "s1", "minus1", "two"], ["heads_shape"], axis=0),
              n("Reshape", ["e", "heads_shape"], ["heads"]),
              n("Range", ["zero", "b", "one"], ["rows"])]
-    inits.append(i64("axis0_plus1", [1]))
+    inits.append(_int64("axis0_plus1", [1]))
     ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["B", "S"])
     outputs = [helper.make_tensor_value_info("heads", TensorProto.FLOAT, None),
                helper.make_tensor_value_info("rows", TensorProto.INT64, None)]
@@ -301,8 +303,8 @@ def test_embeddings_train_without_run_time_reductions(tmp_path):
 def _merged_heads():
     """DeBERTa's attention: heads merged into the batch (b, 2, s, 4) -> (2*b, s, 4) for the product, then split
     again, (2*b, s, s) -> (b, 2, s, s); the targets' sequence length read from x's shape. And a Flatten."""
-    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
-    inits = [i64("one", [1]), i64("minus1", [-1]), i64("two", [2]), i64("four", [4]), i64("split", [0, 0, 2, 4])]
+    inits = [_int64("one", [1]), _int64("minus1", [-1]), _int64("two", [2]), _int64("four", [4]),
+             _int64("split", [0, 0, 2, 4])]
     n = helper.make_node
     nodes = [n("Shape", ["x"], ["shape"]), n("Slice", ["shape", "one", "two"], ["s"]),
              n("Reshape", ["x", "split"], ["heads"]),
@@ -349,7 +351,6 @@ def test_the_products_are_the_run_time_sizes(batch, sequence):
 def test_tf2onnx_einsum_batch_products_are_followed():
     """tf2onnx lowers a Keras attention's einsum to reshapes whose targets are ReduceProd(Gather(Shape(x), batch
     axes)) and Max(batch sizes of the two operands): (b, 2, 6, 4) -> (2*b, 6, 4) and back."""
-    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
     n = helper.make_node
     nodes = [n("Shape", ["x"], ["s"]), n("Gather", ["s", "batch_axes"], ["bd"]),
              n("Max", ["bd", "bd"], ["broadcast"]), n("ReduceProd", ["broadcast"], ["p"], keepdims=1),
@@ -358,7 +359,7 @@ def test_tf2onnx_einsum_batch_products_are_followed():
              n("Concat", ["broadcast", "rest"], ["back_shape"], axis=0), n("Reshape", ["flat", "back_shape"], ["back"])]
     graph = helper.make_graph(nodes, "einsum", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 2, 6, 4])],
                               [helper.make_tensor_value_info("back", TensorProto.FLOAT, None)],
-                              [i64("batch_axes", [0, 1]), i64("rest_axes", [2, 3])])
+                              [_int64("batch_axes", [0, 1]), _int64("rest_axes", [2, 3])])
     infos = infer_tensor_info(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8))
     assert infos["flat"].shape == ("2*b", 6, 4)
     assert infos["back"].shape == ("b", 2, 6, 4)
@@ -368,7 +369,6 @@ def _positional_convolution(float_type=TensorProto.FLOAT):
     """wav2vec2's feature encoder and positional convolution: x (n, samples) as (n, 1, samples), a stride-5 and a
     stride-2 Conv1d, then a grouped Conv1d padded by half its even kernel (one frame too many), trimmed by
     ``[:, :, :-1]`` and added to its input."""
-    ints = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
     nodes = [helper.make_node("Unsqueeze", ["x", "one"], ["x1"]),
              helper.make_node("Conv", ["x1", "w1"], ["a"], kernel_shape=[10], strides=[5]),
              helper.make_node("Conv", ["a", "w2"], ["b"], kernel_shape=[3], strides=[2]),
@@ -379,7 +379,7 @@ def _positional_convolution(float_type=TensorProto.FLOAT):
               helper.make_tensor_value_info("w1", float_type, [4, 1, 10]),
               helper.make_tensor_value_info("w2", float_type, [4, 4, 3]),
               helper.make_tensor_value_info("w3", float_type, [4, 2, 4])]
-    inits = [ints("one", [1]), ints("zero", [0]), ints("minus_one", [-1]), ints("two", [2])]
+    inits = [_int64("one", [1]), _int64("zero", [0]), _int64("minus_one", [-1]), _int64("two", [2])]
     graph = helper.make_graph(nodes, "positional", inputs, [helper.make_tensor_value_info("y", float_type, None)],
                               inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
@@ -435,7 +435,6 @@ def test_declared_sizes_reach_the_values_computed_from_them():
     that reads it: the declaration reaches the Where, whose Add with the scores then has one name per axis."""
     from onnxtrain.ir.types import infer_from_inputs
 
-    ints = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
     nodes = [helper.make_node("Shape", ["scores"], ["shape"]),
              helper.make_node("Gather", ["shape", "last"], ["size"]),
              helper.make_node("Abs", ["size"], ["length"]),  # a size neither ONNX nor the solvers follow
@@ -444,7 +443,7 @@ def test_declared_sizes_reach_the_values_computed_from_them():
              helper.make_node("Where", ["mask", "zero", "minus_inf"], ["bias"]),
              helper.make_node("Add", ["scores", "bias"], ["y"])]
     inputs = [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", 2, "s", "s"])]
-    inits = [ints("last", [3]), ints("one_one", [1, 1]), numpy_helper.from_array(np.array([[True]]), "allowed"),
+    inits = [_int64("last", [3]), _int64("one_one", [1, 1]), numpy_helper.from_array(np.array([[True]]), "allowed"),
              numpy_helper.from_array(np.array(0, np.float32), "zero"),
              numpy_helper.from_array(np.array(-np.inf, np.float32), "minus_inf")]
     mask = helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 1, "s", "s"])
@@ -480,14 +479,13 @@ def test_a_derived_size_wins_over_another_name_declared_for_it(tmp_path):
     name is used, declared values computed from it included, and the gradient does not reduce at run time."""
     from onnxtrain.ir.types import infer_from_inputs
 
-    ints = lambda name, values: numpy_helper.from_array(np.array(values, np.int64), name)  # noqa: E731
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("Shape", ["ids"], ["length"], start=1, end=2),
              helper.make_node("Slice", ["position_ids", "zero", "length", "one"], ["positions"]),
              helper.make_node("Gather", ["position_table", "positions"], ["position_embeddings"]),
              helper.make_node("Gather", ["word_table", "ids"], ["word_embeddings"]),
              helper.make_node("Add", ["word_embeddings", "position_embeddings"], ["y"])]
-    inits = [ints("position_ids", [list(range(32))]), ints("zero", [0]), ints("one", [1]),
+    inits = [_int64("position_ids", [list(range(32))]), _int64("zero", [0]), _int64("one", [1]),
              numpy_helper.from_array(rng.standard_normal((32, 4)).astype(np.float32), "position_table"),
              numpy_helper.from_array(rng.standard_normal((10, 4)).astype(np.float32), "word_table")]
     declared = [helper.make_tensor_value_info("positions", TensorProto.INT64, [1, "Min(32, s)"]),
