@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -62,3 +63,37 @@ def test_demo_never_replaces_a_folder_it_did_not_make(tmp_path, capsys):
     assert main(["demo", "--quick", "-o", str(tmp_path)]) == 1
     assert "was not made by the demo" in capsys.readouterr().err
     assert (tmp_path / "mine.txt").read_text() == "keep me"
+
+
+def _distribution_closure(requirements: list[str]) -> set[str]:
+    """Distributions that installing ``requirements`` pulls in, read from the installed packages' metadata."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        name = req.name.lower().replace("_", "-")
+        if name in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        todo += [Requirement(r) for r in metadata.requires(name) or []]
+    return seen
+
+
+def test_the_readme_main_job_installs_no_torch():
+    """The main job's extras stay light: a transitive torch costs a fresh machine a multi-GB CUDA build."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    block = root.joinpath("README.md").read_text().split("```")[1]
+    main_job = block.splitlines()[1]
+    extras = re.search(r"-e '\.\[([^\]]*)\]'", main_job).group(1).split(",")
+    project = tomllib.loads(root.joinpath("pyproject.toml").read_text())["project"]
+    requirements = project["dependencies"] + [r for e in extras for r in project["optional-dependencies"][e]]
+    pulled = _distribution_closure(requirements)
+    assert "tqdm" in pulled and "onnxruntime" in pulled
+    heavy = pulled & {"torch", "tensorflow", "jax"}
+    assert not heavy, f"the main job's extras {extras} pull in {sorted(heavy)}"
