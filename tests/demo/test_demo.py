@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 
 from onnxtrain.demo.digits import load_demo_data, user_style
 from onnxtrain.demo.model import build_cnn
@@ -79,13 +80,16 @@ def _distribution_closure(requirements: list[str]) -> set[str]:
         if name in seen or (req.marker is not None and not req.marker.evaluate({"extra": ""})):
             continue
         seen.add(name)
-        todo += [Requirement(r) for r in metadata.requires(name) or []]
+        try:
+            todo += [Requirement(r) for r in metadata.requires(name) or []]
+        except metadata.PackageNotFoundError:
+            pytest.skip(f"{name}, which the main job installs, is not installed here")
     return seen
 
 
 def test_the_readme_main_job_installs_no_torch():
     """The main job's extras stay light: a transitive torch costs a fresh machine a multi-GB CUDA build."""
-    import tomllib
+    tomllib = pytest.importorskip("tomllib")
 
     root = Path(__file__).resolve().parents[2]
     block = root.joinpath("README.md").read_text().split("```")[1]
