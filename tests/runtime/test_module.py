@@ -237,12 +237,15 @@ def test_parameters_and_properties(mlp_dir):
 
 
 @pytest.mark.parametrize("device", ["cpu", "reference"])
-def test_a_failure_inside_the_engine_is_a_clear_error_and_loses_nothing(mlp_dir, rng, device, capfd):
-    """Labels past the number of classes pass every static check (dtype, shape) and fail inside the engine:
-    the error names the step, and the state is as before, so training goes on with good data. onnxruntime does
-    not print the failure itself as well (its log line would repeat the error's message)."""
-    state, module = load(mlp_dir, device=device)
-    optimizer = Optimizer(mlp_dir / "optimizer_model.onnx", module)
+def test_a_failure_inside_the_engine_is_a_clear_error_and_loses_nothing(tmp_path, rng, device, capfd):
+    """Labels past the number of classes pass every check before the run when the graph does not declare the
+    class count (no additional outputs here) and fail inside the engine: the error names the step, and the state
+    is as before, so training goes on with good data. onnxruntime does not print the failure itself as well (its
+    log line would repeat the error's message)."""
+    generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path)
+    state, module = load(tmp_path, device=device)
+    optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
     x, y = batch(rng)
     module(x, y)
     optimizer.step()
@@ -258,7 +261,7 @@ def test_a_failure_inside_the_engine_is_a_clear_error_and_loses_nothing(mlp_dir,
     module.train()
     for name, value in before.items():
         np.testing.assert_array_equal(state.parameters[name].data, value)
-    loss, _ = module(x, y)
+    loss = module(x, y)
     optimizer.step()
     assert np.isfinite(loss) and state.step == 2
 
@@ -296,3 +299,52 @@ def test_export_keeps_the_outputs_the_loss_does_not_read(tmp_path, rng):
     only = ort.InferenceSession(str(tmp_path / "probs.onnx"), providers=["CPUExecutionProvider"])
     assert [o.name for o in only.get_outputs()] == ["probs"]
     np.testing.assert_allclose(only.run(None, {"x": x})[0], probs, rtol=1e-5, atol=1e-6)
+
+
+def test_a_negative_label_is_refused_not_wrapped_around(mlp_dir, rng):
+    """onnxruntime reads label -1 as the last class without an error; the step refuses it, in both modes."""
+    _, module = load(mlp_dir)
+    x, y = batch(rng)
+    y[3] = -1
+    with pytest.raises(InputError, match=r"input 'labels' holds the class label -1 at index \[3\]; "
+                                         r"SoftmaxCrossEntropyLoss labels must be class indices.*no ignore_index"):
+        module(x, y)
+    module.eval()
+    with pytest.raises(InputError, match="eval step: input 'labels' holds the class label -1"):
+        module(x, y)
+
+
+def test_labels_equal_to_ignore_index_pass_and_others_are_named(tmp_path, rng):
+    from onnxtrain import blocks
+
+    generate_artifacts(models.mlp(), loss=blocks.CrossEntropyLoss(ignore_index=-100), optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path)
+    _, module = load(tmp_path)
+    x, y = batch(rng)
+    y[1] = -100
+    assert np.isfinite(module(x, y))
+    y[2] = -7
+    with pytest.raises(InputError, match=r"class label -7 at index \[2\].*or equal ignore_index=-100"):
+        module(x, y)
+
+
+def test_labels_read_through_a_reshape_with_a_declared_class_count(tmp_path):
+    """Labels reshaped before the loss are traced back to the input; a declared class count bounds them."""
+    from onnxtrain.runtime.backends.base import TensorMeta
+    from onnxtrain.runtime.inputs import ClassLabels, check_inputs, class_label_inputs
+
+    generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path)
+    model = onnx.load(tmp_path / "training_model.onnx")
+    loss = next(n for n in model.graph.node if n.op_type == "SoftmaxCrossEntropyLoss")
+    model.graph.node.insert(0, onnx.helper.make_node("Reshape", [loss.input[1], "flat_shape"], ["flat_labels"]))
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([-1], np.int64), "flat_shape"))
+    loss.input[1] = "flat_labels"
+    assert class_label_inputs(model) == {"labels": ClassLabels("SoftmaxCrossEntropyLoss", None, None)}
+    model.graph.value_info.append(onnx.helper.make_tensor_value_info(loss.input[0], onnx.TensorProto.FLOAT, ["N", 4]))
+    labels = class_label_inputs(model)
+    assert labels == {"labels": ClassLabels("SoftmaxCrossEntropyLoss", 4, None)}
+    meta = [TensorMeta("labels", np.dtype(np.int64), ("N",))]
+    check_inputs(meta, [np.array([0, 3, 1])], "training step", labels)
+    with pytest.raises(InputError, match=r"class label 4 at index \[1\]; .* class indices, 0 to 3"):
+        check_inputs(meta, [np.array([0, 4, 1])], "training step", labels)

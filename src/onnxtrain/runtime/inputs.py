@@ -2,14 +2,75 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+import onnx
 
 from onnxtrain.errors import InputError
 from onnxtrain.runtime.backends.base import TensorMeta
 
-__all__ = ["check_inputs", "describe", "owned_ortvalue"]
+__all__ = ["ClassLabels", "check_inputs", "class_label_inputs", "describe", "owned_ortvalue"]
+
+_CLASS_LOSSES = frozenset({"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"})
+# ops that pass a label tensor on unchanged but for its layout or integer type
+_LABEL_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast"})
+
+
+@dataclass(frozen=True)
+class ClassLabels:
+    """An input that a class loss reads as its labels: each value must be a class index in [0, classes) or the
+    loss's ignore_index. onnxruntime wraps a negative label around to a class from the end (-1 is the last
+    class) without an error, so the runtime checks them before a run."""
+
+    loss: str
+    classes: int | None  # None: known at run time only (onnxruntime rejects labels above it)
+    ignore_index: int | None
+
+
+def class_label_inputs(model: onnx.ModelProto) -> dict[str, ClassLabels]:
+    """The graph inputs that a SoftmaxCrossEntropyLoss or NegativeLogLikelihoodLoss node reads as labels,
+    directly or through view and cast nodes."""
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    inputs = {i.name for i in graph.input}
+    shapes = {v.name: v.type.tensor_type.shape for v in (*graph.value_info, *graph.input, *graph.output)}
+    found: dict[str, ClassLabels] = {}
+    for node in graph.node:
+        if node.op_type not in _CLASS_LOSSES or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+            continue
+        label = node.input[1]
+        while label not in inputs and label in producer and producer[label].op_type in _LABEL_VIEWS:
+            label = producer[label].input[0]
+        if label not in inputs:
+            continue
+        dims = shapes[node.input[0]].dim if node.input[0] in shapes else []
+        classes = dims[1].dim_value if len(dims) > 1 and dims[1].HasField("dim_value") else None
+        ignore = next((a.i for a in node.attribute if a.name == "ignore_index"), None)
+        found[label] = ClassLabels(node.op_type, classes, ignore)
+    return found
+
+
+def _check_labels(name: str, array: np.ndarray, labels: ClassLabels, what: str) -> None:
+    """Raise InputError if ``array`` holds a value that is neither a class index nor the ignore_index."""
+    if array.size == 0 or array.dtype.kind not in "iu":
+        return
+    low, high = array.min(), array.max()
+    if low >= 0 and (labels.classes is None or high < labels.classes):
+        return
+    bad = (array < 0) if labels.classes is None else ((array < 0) | (array >= labels.classes))
+    if labels.ignore_index is not None:
+        bad &= array != labels.ignore_index
+    if not bad.any():
+        return
+    where = np.unravel_index(int(np.argmax(bad)), array.shape)
+    value = int(array[where])
+    allowed = f"0 to {labels.classes - 1}" if labels.classes is not None else "from 0 to the number of classes - 1"
+    ignore = (f" or equal ignore_index={labels.ignore_index}" if labels.ignore_index is not None else
+              "; the loss has no ignore_index (torch's default of -100 is not implied: set it on the loss block)")
+    raise InputError(f"{what}: input {name!r} holds the class label {value} at index {list(map(int, where))}; "
+                     f"{labels.loss} labels must be class indices, {allowed}{ignore}")
 
 
 def describe(meta: TensorMeta) -> str:
@@ -17,8 +78,10 @@ def describe(meta: TensorMeta) -> str:
     return f"{meta.dtype}{dims}"
 
 
-def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what: str) -> list[np.ndarray]:
-    """Return ``values`` as contiguous arrays, or raise InputError naming the first mismatching input."""
+def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what: str,
+                 labels: Mapping[str, ClassLabels] | None = None) -> list[np.ndarray]:
+    """Return ``values`` as contiguous arrays, or raise InputError naming the first mismatching input or the
+    first label (``labels``: the inputs that class losses read) that is not a class index."""
     if len(values) != len(metas):
         expected = ", ".join(f"{m.name}: {describe(m)}" for m in metas)
         raise InputError(f"{what} takes {len(metas)} inputs ({expected}), got {len(values)}")
@@ -44,6 +107,8 @@ def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what
                     if symbols.setdefault(want, got) != got:
                         raise InputError(f"{what}: input {meta.name!r} has {want}={got} on axis {axis}, but an "
                                          f"earlier input has {want}={symbols[want]}")
+        if labels and meta.name in labels:
+            _check_labels(meta.name, array, labels[meta.name], what)
         arrays.append(array if array.flags.c_contiguous else np.ascontiguousarray(array))
     return arrays
 
