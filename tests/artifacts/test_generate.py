@@ -617,3 +617,11 @@ def test_an_optimizer_with_nothing_to_train_is_reported(tmp_path, caplog):
             assert len(warned) == 1 and ("requires_grad=[]" in warned[0] if folder == "none"
                                          else "trainable_ops=0" in warned[0]), warned
         assert (tmp_path / folder / "optimizer_model.onnx").exists()
+
+
+def test_an_artifact_directory_that_is_a_file_is_named(tmp_path):
+    taken = tmp_path / "artifacts"
+    taken.write_text("a user's file")
+    with pytest.raises(NotADirectoryError, match="artifact_directory .*artifacts' is a file, not a folder"):
+        generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, artifact_directory=taken)
+    assert taken.read_text() == "a user's file"

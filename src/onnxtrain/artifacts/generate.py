@@ -141,6 +141,9 @@ def generate_artifacts(
     loss_block, all_outputs = _resolve_loss(loss)
     opt_block = _resolve_optimizer(optimizer)
     out_dir = os.fspath(artifact_directory or os.getcwd())
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise NotADirectoryError(f"artifact_directory {out_dir!r} is a file, not a folder: the artifacts are "
+                                 "written into a folder (created if missing)")
     os.makedirs(out_dir, exist_ok=True)
     paths = {kind: os.path.join(out_dir, artifact_file(kind, prefix)) for kind in ("training", "eval")}
     if opt_block is not None:
