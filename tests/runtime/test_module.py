@@ -10,7 +10,7 @@ from onnx.reference import ReferenceEvaluator
 
 from onnxtrain.api import CheckpointState, Module, Optimizer
 from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
-from onnxtrain.errors import ExecutionError, InputError, NonFiniteError
+from onnxtrain.errors import ArtifactError, CheckpointError, ExecutionError, InputError, NonFiniteError
 from tests import models
 
 
@@ -348,3 +348,24 @@ def test_labels_read_through_a_reshape_with_a_declared_class_count(tmp_path):
     check_inputs(meta, [np.array([0, 3, 1])], "training step", labels)
     with pytest.raises(InputError, match=r"class label 4 at index \[1\]; .* class indices, 0 to 3"):
         check_inputs(meta, [np.array([0, 4, 1])], "training step", labels)
+
+
+def test_a_checkpoint_of_another_model_with_the_same_names_is_refused_on_loading(mlp_dir, tmp_path):
+    """Same parameter names, another class count: the Module names the parameter and both shapes, instead of
+    onnxruntime failing at the first step."""
+    other = tmp_path / "six_classes"
+    generate_artifacts(models.mlp(classes=6), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=other)
+    state = CheckpointState.load_checkpoint(other / "checkpoint")
+    with pytest.raises(CheckpointError, match=r"'fc2.weight' has shape \(6, 16\) in the checkpoint, \(4, 16\) in "
+                                              r"the training model"):
+        Module(mlp_dir / "training_model.onnx", state, mlp_dir / "eval_model.onnx")
+    with pytest.raises(CheckpointError, match=r"'fc2.weight' has shape \(6, 16\) in the checkpoint, \(4, 16\) in "
+                                              r"the eval model"):
+        Module(other / "training_model.onnx", state, mlp_dir / "eval_model.onnx")
+
+
+def test_the_eval_model_given_as_the_training_model_is_named(mlp_dir):
+    state = CheckpointState.load_checkpoint(mlp_dir / "checkpoint")
+    with pytest.raises(ArtifactError, match="no gradient output for .*'fc1.weight'.*is it the eval model"):
+        Module(mlp_dir / "eval_model.onnx", state)

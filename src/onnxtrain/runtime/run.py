@@ -90,6 +90,7 @@ class TrainingRun:
         self.train_model, self.eval_model = train_model, eval_model
         self.train_outputs = graph_io(train_model.graph.output)
         self._check_interface()
+        values.check_declared(graph_io(train_model.graph.input), "training model")
         n_user = len(self.meta.user_inputs) + len(self.meta.labels)
         self.train_inputs = graph_io(train_model.graph.input)[:n_user]
         self.train_labels = class_label_inputs(train_model)
@@ -100,6 +101,7 @@ class TrainingRun:
         self.eval_labels: dict[str, ClassLabels] = {}
         if eval_model is not None:
             check_connected(eval_model, "eval model")
+            values.check_declared(graph_io(eval_model.graph.input), "eval model")
             self.eval_inputs = graph_io(eval_model.graph.input)[:n_user]
             self.eval_labels = class_label_inputs(eval_model)
             self.eval_outputs = graph_io(eval_model.graph.output)
@@ -133,6 +135,11 @@ class TrainingRun:
         found = [i.name for i in self.train_model.graph.input[:len(expected)]]
         if found != expected:
             raise ArtifactError(f"the training model's first inputs are {found}, its metadata says {expected}")
+        outputs = {o.name for o in self.train_outputs}
+        without = [p for p in self.meta.trainable if names.grad_output_name(p) not in outputs]
+        if without:
+            raise ArtifactError(f"the training model has no gradient output for {without[:3]} (expected "
+                                f"{names.grad_output_name(without[0])!r}): is it the eval model?")
 
     # -- training calls --------------------------------------------------------------------------------------
     def lazy_reset_grad(self) -> None:

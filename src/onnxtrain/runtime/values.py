@@ -8,11 +8,14 @@ through the methods here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from onnxtrain.checkpoint import CheckpointData
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.errors import CheckpointError
+from onnxtrain.runtime.backends.base import TensorMeta
 from onnxtrain.runtime.storage import FlatStorage
 
 __all__ = ["TrainingValues"]
@@ -172,6 +175,24 @@ class TrainingValues:
             missing = [n for n in getattr(meta, kind) if n not in present]
             if missing:
                 raise CheckpointError(f"the checkpoint does not match the training model: {kind} {missing[:5]} missing")
+
+    def check_declared(self, declared: Iterable[TensorMeta], what: str) -> None:
+        """CheckpointError unless every parameter and buffer has the dtype and static dimensions that the
+        model ``what`` declares for its input of that name (a checkpoint of another model with the same
+        names fails here, not inside the engine at the first step)."""
+        values = self.graph_values()
+        for meta in declared:
+            array = values.get(meta.name)
+            if array is None:
+                continue
+            if array.dtype != meta.dtype:
+                raise CheckpointError(f"the checkpoint does not match the {what}: {meta.name!r} is {array.dtype} "
+                                      f"in the checkpoint, {meta.dtype} in the {what}")
+            if meta.shape is not None and (len(meta.shape) != array.ndim or any(
+                    isinstance(want, int) and want != got for want, got in zip(meta.shape, array.shape))):
+                expected = tuple(d if isinstance(d, int) else "?" for d in meta.shape)
+                raise CheckpointError(f"the checkpoint does not match the {what}: {meta.name!r} has shape "
+                                      f"{tuple(array.shape)} in the checkpoint, {expected} in the {what}")
 
     # -- optimizer state -------------------------------------------------------------------------------------
     def optimizer_states(self, state_names: tuple[str, ...]) -> dict[str, FlatStorage]:
