@@ -49,3 +49,25 @@ def test_a_node_onnxruntime_has_no_kernel_for_names_the_types_it_reads(tmp_path)
                                             r"onnxruntime build has no Mul kernel for those types.*float32"):
         module = Module(paths["training"], CheckpointState.load_checkpoint(paths["checkpoint"]), paths["eval"])
         module(np.ones((4, 3), np.float32), np.zeros(4, np.int64))  # sessions open at the first step
+
+
+@pytest.mark.parametrize("message", [
+    "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got invalid dimensions for input: w2 for the following indices "
+    "index: 0 Got: 5 Expected: 3 Please fix either the inputs/outputs or the model.",
+    "[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Invalid rank for input: x Got: 3 Expected: 2 Please fix either "
+    "the inputs/outputs or the model.",
+])
+def test_a_feed_refused_before_any_node_runs_gets_the_shapes_hint(message):
+    """onnxruntime checks the feeds against the declared inputs before running a node: no node is named, and
+    the hint is about shapes, not class labels."""
+    from onnxtrain.runtime.engine_errors import run_session
+
+    class Refusing:
+        def run(self, *args, **kwargs):
+            raise RuntimeError(message)
+
+    with pytest.raises(ExecutionError) as info:
+        run_session(Refusing(), "training step")
+    assert "class labels" not in str(info.value) and "check the inputs' shapes and values" in str(info.value)
+    assert str(info.value).startswith("the training step failed: Got invalid dimensions" if "dimensions" in message
+                                      else "the training step failed: Invalid rank")

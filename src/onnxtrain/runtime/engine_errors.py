@@ -11,6 +11,8 @@ from onnxtrain.errors import ExecutionError, OnnxTrainError
 __all__ = ["run_session"]
 
 _NODE = re.compile(r"running (\w+) node(?:\. Name:'([^']*)')?")
+# onnxruntime's checks of the feeds against the graph's declared inputs, before any node runs
+_SHAPE_MESSAGE = re.compile(r"invalid dimensions|Invalid rank|Unexpected input data type", re.IGNORECASE)
 # the ops where a class label (or another index) out of range fails; elsewhere that hint would mislead
 _INDEX_READERS = frozenset({"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "OneHot", "Gather",
                             "GatherElements", "GatherND", "ScatterElements", "ScatterND"})
@@ -36,6 +38,7 @@ def run_session(session, what: str, *args, **kwargs) -> list[np.ndarray]:
         node = _NODE.search(str(exc))
         where = f" in a {node.group(1)} node" if node else ""
         where += f" ({node.group(2)!r})" if node and node.group(2) else ""
-        hint = ("check the input values, e.g. class labels must be below the number of classes"
-                if node is None or node.group(1) in _INDEX_READERS else "check the inputs' shapes and values")
+        index = node.group(1) in _INDEX_READERS if node else not _SHAPE_MESSAGE.search(str(exc))
+        hint = ("check the input values, e.g. class labels must be below the number of classes" if index
+                else "check the inputs' shapes and values")
         raise ExecutionError(f"the {what} failed{where}: {_engine_message(exc)} ({hint})") from None
