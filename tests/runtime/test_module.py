@@ -340,10 +340,10 @@ def test_labels_read_through_a_reshape_with_a_declared_class_count(tmp_path):
     model.graph.node.insert(0, onnx.helper.make_node("Reshape", [loss.input[1], "flat_shape"], ["flat_labels"]))
     model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([-1], np.int64), "flat_shape"))
     loss.input[1] = "flat_labels"
-    assert class_label_inputs(model) == {"labels": ClassLabels("SoftmaxCrossEntropyLoss", None, None)}
+    assert class_label_inputs(model) == {"labels": ClassLabels("SoftmaxCrossEntropyLoss", loss.input[0], None, None)}
     model.graph.value_info.append(onnx.helper.make_tensor_value_info(loss.input[0], onnx.TensorProto.FLOAT, ["N", 4]))
     labels = class_label_inputs(model)
-    assert labels == {"labels": ClassLabels("SoftmaxCrossEntropyLoss", 4, None)}
+    assert labels == {"labels": ClassLabels("SoftmaxCrossEntropyLoss", loss.input[0], 4, None)}
     meta = [TensorMeta("labels", np.dtype(np.int64), ("N",))]
     check_inputs(meta, [np.array([0, 3, 1])], "training step", labels)
     with pytest.raises(InputError, match=r"class label 4 at index \[1\]; .* class indices, 0 to 3"):

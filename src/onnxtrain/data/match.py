@@ -19,11 +19,9 @@ from onnxtrain.conventions import TrainingMeta
 from onnxtrain.data.dataset import Dataset, DatasetError
 from onnxtrain.ir.types import infer_tensor_info
 from onnxtrain.runtime.backends.base import TensorMeta, graph_io
-from onnxtrain.runtime.inputs import describe
+from onnxtrain.runtime.inputs import class_label_inputs, describe
 
 __all__ = ["DataSpec", "data_spec", "fit_dataset"]
-
-_CLASS_LOSSES = ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss")
 
 
 @dataclass
@@ -49,14 +47,14 @@ def data_spec(model: onnx.ModelProto) -> DataSpec:
     metas = {m.name: m for m in graph_io(model.graph.input)}
     spec = DataSpec(metas[meta.user_inputs[0]], metas[meta.labels[0]],
                     predictions=(meta.additional_outputs or [None])[0])
-    loss_node = next((n for n in model.graph.node if n.op_type in _CLASS_LOSSES and len(n.input) > 1
-                      and n.input[1] == spec.label.name), None)
-    if loss_node is not None:
-        spec.ignore_index = next((a.i for a in loss_node.attribute if a.name == "ignore_index"), None)
-        scores = infer_tensor_info(model).get(loss_node.input[0])
-        if scores is not None and scores.shape is not None and len(scores.shape) > 1:
-            classes = scores.shape[1]
-            spec.num_classes = classes if isinstance(classes, int) and classes > 0 else None
+    labels = class_label_inputs(model).get(spec.label.name)
+    if labels is not None:
+        spec.ignore_index, spec.num_classes = labels.ignore_index, labels.classes
+        if spec.num_classes is None:  # not declared: inferred, once per command
+            scores = infer_tensor_info(model).get(labels.scores)
+            if scores is not None and scores.shape is not None and len(scores.shape) > 1:
+                classes = scores.shape[1]
+                spec.num_classes = classes if isinstance(classes, int) and classes > 0 else None
     return spec
 
 

@@ -25,7 +25,8 @@ class ClassLabels:
     class) without an error, so the runtime checks them before a run."""
 
     loss: str
-    classes: int | None  # None: known at run time only (onnxruntime rejects labels above it)
+    scores: str  # the value the loss reads the class scores from
+    classes: int | None  # None: not declared in the graph (onnxruntime rejects labels above it at run time)
     ignore_index: int | None
 
 
@@ -48,7 +49,7 @@ def class_label_inputs(model: onnx.ModelProto) -> dict[str, ClassLabels]:
         dims = shapes[node.input[0]].dim if node.input[0] in shapes else []
         classes = dims[1].dim_value if len(dims) > 1 and dims[1].HasField("dim_value") else None
         ignore = next((a.i for a in node.attribute if a.name == "ignore_index"), None)
-        found[label] = ClassLabels(node.op_type, classes, ignore)
+        found[label] = ClassLabels(node.op_type, node.input[0], classes, ignore)
     return found
 
 
