@@ -238,12 +238,17 @@ def test_parameters_and_properties(mlp_dir):
 
 @pytest.mark.parametrize("device", ["cpu", "reference"])
 def test_a_failure_inside_the_engine_is_a_clear_error_and_loses_nothing(tmp_path, rng, device, capfd):
-    """Labels past the number of classes pass every check before the run when the graph does not declare the
-    class count (no additional outputs here) and fail inside the engine: the error names the step, and the state
-    is as before, so training goes on with good data. onnxruntime does not print the failure itself as well (its
-    log line would repeat the error's message)."""
+    """Labels past the number of classes pass every check before the run when the graphs do not declare the
+    class count (artifacts of an older onnxtrain: their declarations are removed here) and fail inside the engine:
+    the error names the step, and the state is as before, so training goes on with good data. onnxruntime does
+    not print the failure itself as well (its log line would repeat the error's message)."""
     generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                        artifact_directory=tmp_path)
+    for name in ("training_model.onnx", "eval_model.onnx"):
+        model = onnx.load(tmp_path / name)
+        assert len(model.graph.value_info) == 1  # the scores the loss reads: 4 classes
+        del model.graph.value_info[:]
+        onnx.save(model, tmp_path / name)
     state, module = load(tmp_path, device=device)
     optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
     x, y = batch(rng)
@@ -336,6 +341,7 @@ def test_labels_read_through_a_reshape_with_a_declared_class_count(tmp_path):
     generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
                        artifact_directory=tmp_path)
     model = onnx.load(tmp_path / "training_model.onnx")
+    del model.graph.value_info[:]  # as an older onnxtrain wrote it: the class count is not declared
     loss = next(n for n in model.graph.node if n.op_type == "SoftmaxCrossEntropyLoss")
     model.graph.node.insert(0, onnx.helper.make_node("Reshape", [loss.input[1], "flat_shape"], ["flat_labels"]))
     model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([-1], np.int64), "flat_shape"))
@@ -369,3 +375,16 @@ def test_the_eval_model_given_as_the_training_model_is_named(mlp_dir):
     state = CheckpointState.load_checkpoint(mlp_dir / "checkpoint")
     with pytest.raises(ArtifactError, match="no gradient output for .*'fc1.weight'.*is it the eval model"):
         Module(mlp_dir / "eval_model.onnx", state)
+
+
+def test_a_label_past_the_class_count_is_refused_before_the_run(mlp_dir, rng):
+    """generate_artifacts declares the class count of the scores the loss reads (4 here)."""
+    _, module = load(mlp_dir)
+    x, y = batch(rng)
+    y[2] = 4
+    with pytest.raises(InputError, match=r"class label 4 at index \[2\]; SoftmaxCrossEntropyLoss labels must be "
+                                         r"class indices, 0 to 3$"):
+        module(x, y)
+    module.eval()
+    with pytest.raises(InputError, match="eval step: input 'labels' holds the class label 4"):
+        module(x, y)

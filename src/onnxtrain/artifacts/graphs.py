@@ -46,6 +46,25 @@ class TrainingGraphs:
 
 
 
+_CLASS_LOSSES = frozenset({"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"})
+
+
+def declare_class_scores(model: onnx.ModelProto, infos: dict[str, TensorInfo]) -> None:
+    """Declare (as a value_info) the scores a class loss of ``model`` reads, when their class count is static:
+    the runtime then refuses a label past it before the run, naming the label (runtime.inputs)."""
+    graph = model.graph
+    declared = {v.name for v in (*graph.value_info, *graph.input, *graph.output)}
+    for node in graph.node:
+        if node.op_type not in _CLASS_LOSSES or node.domain not in ("", "ai.onnx"):
+            continue
+        scores, info = node.input[0], infos.get(node.input[0])
+        if scores in declared or info is None or info.shape is None or len(info.shape) < 2 \
+                or not isinstance(info.shape[1], int):
+            continue
+        graph.value_info.append(value_info(scores, info))
+        declared.add(scores)
+
+
 def _model(template: onnx.ModelProto, graph: onnx.GraphProto, meta: dict) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[op for op in template.opset_import if op.domain in ("", "ai.onnx")],
                               producer_name="onnxtrain")
@@ -222,6 +241,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
         buffers=list(plan.buffers), model_outputs=list(output_names), accumulation=accumulation,
     ).to_props()
     training = _model(model, train_graph, meta)
+    declare_class_scores(training, infos)
 
     # The forward's other outputs stay computable (not as graph outputs: onnxruntime drops their nodes when it
     # evaluates) so that an inference model can be exported with them, e.g. softmax probabilities beside the
@@ -229,7 +249,9 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     eval_nodes, eval_reads = _prune(forward_nodes, [loss_name, *extras, *output_names])
     eval_graph = helper.make_graph(eval_nodes, "eval", [*user_inputs, *labels, *state_inputs],
                                    [loss_vi, *extra_outputs], initializer=_used(full.initializer, eval_reads))
-    eval_passes = PassManager([EvalMode(), DropUnreadIndices()])(_model(model, eval_graph, meta))
+    eval_model = _model(model, eval_graph, meta)
+    declare_class_scores(eval_model, infos)
+    eval_passes = PassManager([EvalMode(), DropUnreadIndices()])(eval_model)
     return TrainingGraphs(training, eval_passes.model, [i.name for i in user_inputs], [i.name for i in labels],
                           eval_checked=eval_passes.modified, infos=infos)
 

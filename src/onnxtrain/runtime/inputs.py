@@ -69,7 +69,8 @@ def _check_labels(name: str, array: np.ndarray, labels: ClassLabels, what: str) 
     value = int(array[where])
     allowed = f"0 to {labels.classes - 1}" if labels.classes is not None else "from 0 to the number of classes - 1"
     ignore = (f" or equal ignore_index={labels.ignore_index}" if labels.ignore_index is not None else
-              "; the loss has no ignore_index (torch's default of -100 is not implied: set it on the loss block)")
+              "; the loss has no ignore_index (torch's default of -100 is not implied: set it on the loss block)"
+              if value < 0 else "")
     raise InputError(f"{what}: input {name!r} holds the class label {value} at index {list(map(int, where))}; "
                      f"{labels.loss} labels must be class indices, {allowed}{ignore}")
 
