@@ -85,6 +85,11 @@ def test_node_and_wasm(fixtures):
         assert_loads_back(fixtures / "resume" / f"js_{engine}.ckpt", fixtures / reference.RESUME_CASE / "expected.ckpt")
 
 
+def test_input_and_engine_errors(fixtures):
+    """Labels checked before a run (as runtime/inputs.py does) and engine failures named (as engine_errors.py)."""
+    run_node_tests(fixtures, "test/labels.test.js", "test/engine-errors.test.js")
+
+
 def test_chromium(fixtures):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set CHROMIUM) to run the browser test")

@@ -24,8 +24,11 @@ export function readMetadataProps(bytes) {
 const decoder = new TextDecoder();
 const decode = (v) => decoder.decode(v);
 
-/** Top-level (field number, value) pairs of a protobuf message; length-delimited values are subarrays. */
-function* fields(bytes) {
+/**
+ * Top-level (field number, value) pairs of a protobuf message; length-delimited values are subarrays. With
+ * `bigint`, varint values are BigInts read as int64 (a negative attribute, ignore_index=-100, is 10 bytes).
+ */
+function* fields(bytes, bigint = false) {
   let i = 0;
   const varint = () => {
     let result = 0;
@@ -38,11 +41,20 @@ function* fields(bytes) {
       scale *= 128;
     }
   };
+  const varint64 = () => {
+    let result = 0n;
+    for (let shift = 0n; ; shift += 7n) {
+      if (i >= bytes.length) throw new RangeError('not an ONNX model: a protobuf varint runs past the end');
+      const b = bytes[i++];
+      result |= BigInt(b & 0x7f) << shift;
+      if (b < 0x80) return BigInt.asIntN(64, result);
+    }
+  };
   while (i < bytes.length) {
     const tag = varint();
     const field = Math.floor(tag / 8);
     const wire = tag & 7;
-    if (wire === 0) yield [field, varint()];
+    if (wire === 0) yield [field, bigint ? varint64() : varint()];
     else if (wire === 1) i += 8;
     else if (wire === 5) i += 4;
     else if (wire === 2) {
@@ -84,4 +96,57 @@ export function trainStepMetadata(bytes) {
     throw new Error('the train-step model has damaged "onnxtrain.train_step" metadata (expected a prefix and a reset flag)');
   }
   return { prefix: meta.prefix, reset: meta.reset ?? null };
+}
+
+// The class losses and where their labels may come from (runtime/inputs.py: class_label_inputs)
+const CLASS_LOSSES = new Set(['SoftmaxCrossEntropyLoss', 'NegativeLogLikelihoodLoss']);
+const LABEL_VIEWS = new Set(['Reshape', 'Flatten', 'Squeeze', 'Unsqueeze', 'Identity', 'Cast']);
+// ModelProto.graph = 7; GraphProto: node = 1, input = 11, output = 12, value_info = 13; NodeProto: input = 1,
+// output = 2, op_type = 4, attribute = 5, domain = 7; AttributeProto: name = 1, i = 3; ValueInfoProto: name = 1,
+// type = 2; TypeProto.tensor_type = 1; Tensor.shape = 2; TensorShapeProto.dim = 1; Dimension.dim_value = 1.
+const submessages = (bytes, number) => [...fields(bytes)].filter(([f, v]) => f === number && v instanceof Uint8Array).map(([, v]) => v);
+const strings = (bytes, number) => submessages(bytes, number).map(decode);
+
+function classCount(valueInfo) {
+  const [type] = submessages(valueInfo, 2);
+  const [tensor] = type ? submessages(type, 1) : [];
+  const [shape] = tensor ? submessages(tensor, 2) : [];
+  const dim = shape ? submessages(shape, 1)[1] : undefined;
+  const value = dim && [...fields(dim)].find(([f]) => f === 1);
+  return value ? value[1] : null;
+}
+
+/**
+ * The graph inputs that a class loss of the model reads as its labels (through view and cast nodes), as
+ * {input: {loss, classes, ignoreIndex}}: classes is the declared class count of the scores (null if not
+ * declared), ignoreIndex a BigInt or null.
+ */
+export function classLabelInputs(bytes) {
+  const graph = submessages(bytes, 7)[0];
+  if (!graph) return {};
+  const inputs = new Set(submessages(graph, 11).map((v) => strings(v, 1)[0]));
+  const declared = new Map();
+  for (const number of [11, 12, 13]) for (const v of submessages(graph, number)) declared.set(strings(v, 1)[0], v);
+  const nodes = submessages(graph, 1).map((n) => ({
+    inputs: strings(n, 1), outputs: strings(n, 2), op: strings(n, 4)[0] ?? '', domain: strings(n, 7)[0] ?? '',
+    bytes: n,
+  }));
+  const producer = new Map();
+  for (const node of nodes) for (const o of node.outputs) producer.set(o, node);
+  const found = {};
+  for (const node of nodes) {
+    if (!CLASS_LOSSES.has(node.op) || !['', 'ai.onnx'].includes(node.domain) || node.inputs.length < 2) continue;
+    let label = node.inputs[1];
+    while (!inputs.has(label) && producer.has(label) && LABEL_VIEWS.has(producer.get(label).op)) label = producer.get(label).inputs[0];
+    if (!inputs.has(label)) continue;
+    let ignoreIndex = null;
+    for (const attribute of submessages(node.bytes, 5)) {
+      if (strings(attribute, 1)[0] !== 'ignore_index') continue;
+      const value = [...fields(attribute, true)].find(([f]) => f === 3);
+      if (value) ignoreIndex = value[1];
+    }
+    const scores = declared.get(node.inputs[0]);
+    found[label] = { loss: node.op, classes: scores ? classCount(scores) : null, ignoreIndex };
+  }
+  return found;
 }

@@ -11,7 +11,7 @@
 // training graph runs alone and the optimizer graph at step().
 
 import * as names from '../conventions.js';
-import { trainingMetadata } from './model-metadata.js';
+import { classLabelInputs, trainingMetadata } from './model-metadata.js';
 import { readBytes } from './io.js';
 
 export class Module {
@@ -27,19 +27,25 @@ export class Module {
     const meta = trainingMetadata(trainBytes, 'training model');
     checkStateMatches(meta, state);
     const train = await openSession(ort, trainBytes, 'training model', sessionOptions);
+    const labels = { train: classLabelInputs(trainBytes), eval: {} };
     let evalSession = null;
     if (evalModel !== undefined && evalModel !== null) {
-      evalSession = await openSession(ort, await readBytes(evalModel, 'eval model'), 'eval model', sessionOptions);
+      const evalBytes = await readBytes(evalModel, 'eval model');
+      evalSession = await openSession(ort, evalBytes, 'eval model', sessionOptions);
+      labels.eval = classLabelInputs(evalBytes);
     }
-    return new Module(ort, state, meta, train, evalSession);
+    return new Module(ort, state, meta, train, evalSession, labels);
   }
 
-  constructor(ort, state, meta, train, evalSession) {
+  constructor(ort, state, meta, train, evalSession, labels = { train: {}, eval: {} }) {
     this.ort = ort;
     this.state = state;
     this.meta = meta;
     this._train = train;
     this._eval = evalSession;
+    // the inputs each graph's class loss reads as labels, checked before a run (onnxruntime reads -1 as the
+    // last class without an error)
+    this._labels = labels;
     this.training = true;
     this.nonfiniteSteps = 0;
     /** Training calls that ran the train-step model (the rest ran the training graph alone). */
@@ -120,7 +126,7 @@ export class Module {
   async trainStep(feeds) {
     const state = this.state;
     this._resetFlag[0] = this._resetPending ? 1 : 0;
-    const userFeeds = this._userFeeds(feeds, 'training step');
+    const userFeeds = this._userFeeds(feeds, 'training step', this._labels.train);
     const fused = this._fusing() ? this._trainStep : null;
     this._prepared = null;
     let outputs;
@@ -155,7 +161,7 @@ export class Module {
   /** One evaluation with the eval graph and the current parameters; returns its outputs (loss first). */
   async evalStep(feeds) {
     if (!this._eval) throw new Error('this Module has no eval model: pass evalModel to create() to evaluate');
-    const inputs = this._userFeeds(feeds, 'eval step');
+    const inputs = this._userFeeds(feeds, 'eval step', this._labels.eval);
     for (const name of this._eval.inputNames) if (!(name in inputs)) inputs[name] = this._stateFeeds[name];
     return run(this._eval, inputs, 'eval step');
   }
@@ -167,10 +173,11 @@ export class Module {
       && this._trainStep.appliesTo(this._resetPending);
   }
 
-  _userFeeds(feeds, what) {
+  _userFeeds(feeds, what, labels) {
     const expected = this.inputNames();
     const missing = expected.filter((n) => !(n in feeds));
     if (missing.length) throw new Error(`${what}: missing inputs ${missing.join(', ')} (expected ${expected.join(', ')})`);
+    for (const [name, range] of Object.entries(labels)) if (name in feeds) checkLabels(name, feeds[name], range, what);
     return Object.fromEntries(expected.map((n) => [n, feeds[n]]));
   }
 
@@ -208,6 +215,28 @@ export class Module {
     await this._train.release();
     if (this._eval) await this._eval.release();
     if (this._trainStep) await this._trainStep.release();
+  }
+}
+
+/** A RangeError unless every label of `tensor` is a class index (below the declared class count) or the loss's
+ * ignore_index; as the Python runtime's runtime/inputs.py. */
+export function checkLabels(name, tensor, { loss, classes, ignoreIndex }, what) {
+  const data = tensor?.data;
+  if (!data || !(data instanceof BigInt64Array || data instanceof Int32Array)) return;
+  const high = classes === null ? null : BigInt(classes);
+  for (let k = 0; k < data.length; k++) {
+    const value = BigInt(data[k]);
+    if ((value >= 0n && (high === null || value < high)) || value === ignoreIndex) continue;
+    const index = [];
+    for (let rest = k, d = tensor.dims.length - 1; d >= 0; d--) {
+      index.unshift(rest % tensor.dims[d]);
+      rest = Math.floor(rest / tensor.dims[d]);
+    }
+    const allowed = high === null ? 'from 0 to the number of classes - 1' : `0 to ${high - 1n}`;
+    const ignore = ignoreIndex !== null ? ` or equal ignore_index=${ignoreIndex}`
+      : value < 0n ? "; the loss has no ignore_index (torch's default of -100 is not implied: set it on the loss block)" : '';
+    throw new RangeError(`${what}: input '${name}' holds the class label ${value} at index [${index.join(', ')}]; `
+      + `${loss} labels must be class indices, ${allowed}${ignore}`);
   }
 }
 
