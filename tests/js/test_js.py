@@ -105,3 +105,28 @@ def test_type_declarations(fixtures):
     result = subprocess.run(["npx", "--no-install", "tsc", "-p", "tsconfig.json"], cwd=JS, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_javascript_reads_the_labels_range_python_reads(fixtures, tmp_path):
+    """classLabelInputs (JavaScript) and class_label_inputs (Python) agree on a graph whose loss has a negative
+    ignore_index (a 10-byte int64 varint) and labels reshaped before the loss."""
+    import json
+
+    from onnxtrain import blocks
+    from onnxtrain.artifacts import generate_artifacts
+    from onnxtrain.runtime.inputs import class_label_inputs
+    from tests import models
+
+    paths = generate_artifacts(models.mlp(classes=6), loss=blocks.CrossEntropyLoss(ignore_index=-100),
+                               artifact_directory=tmp_path)
+    script = ("import { readFileSync } from 'node:fs';"
+              "import { classLabelInputs } from './src/runtime/model-metadata.js';"
+              "const found = classLabelInputs(new Uint8Array(readFileSync(process.argv[1])));"
+              "console.log(JSON.stringify(found, (k, v) => typeof v === 'bigint' ? Number(v) : v));")
+    for kind in ("training", "eval"):
+        result = subprocess.run(["node", "--input-type=module", "-e", script, str(paths[kind])], cwd=JS,
+                                capture_output=True, text=True, timeout=60, check=True)
+        python = class_label_inputs(__import__("onnx").load(paths[kind]))["labels"]
+        assert json.loads(result.stdout) == {"labels": {"loss": python.loss, "classes": python.classes,
+                                                        "ignoreIndex": python.ignore_index}}
+        assert python.classes == 6 and python.ignore_index == -100

@@ -331,6 +331,10 @@ def test_labels_equal_to_ignore_index_pass_and_others_are_named(tmp_path, rng):
     y[2] = -7
     with pytest.raises(InputError, match=r"class label -7 at index \[2\].*or equal ignore_index=-100"):
         module(x, y)
+    y[2] = 4  # the class count is declared through the pass that reads the scores' shape in the forward
+    with pytest.raises(InputError, match=r"class label 4 at index \[2\].*class indices, 0 to 3 or equal "
+                                         r"ignore_index=-100"):
+        module(x, y)
 
 
 def test_labels_read_through_a_reshape_with_a_declared_class_count(tmp_path):

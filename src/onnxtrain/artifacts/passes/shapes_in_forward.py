@@ -15,7 +15,8 @@ Cases handled:
    forward and the forward readers read ``Reshape(x, s)`` instead of ``x`` (the same tensor; onnxruntime's
    Reshape makes no copy), so ``s`` exists before ``x``'s last forward reader runs. The backward reads ``s``:
    a plain ``Shape`` becomes ``Identity(s)``, one with ``start``/``end`` a ``Slice`` of ``s``, a ``Size`` a
-   ``ReduceProd`` of ``s``.
+   ``ReduceProd`` of ``s``. A declaration of ``x`` (a value_info: the class count of a loss's scores) is
+   copied to ``Reshape(x, s)``.
 2. Left alone: a value the backward reads for more than its shape (it stays alive anyway), one that only
    backward nodes read, graph inputs and initializers (alive anyway), and values a subgraph reads.
 """
@@ -80,6 +81,12 @@ class ShapesInForward(Pass):
                 helper.make_node("Shape", [x], [shapes[x]], name=unique(x + "/shape_in_forward")),
                 helper.make_node("Reshape", [x, shapes[x]], [pinned[x]], name=unique(x + "/pinned_after_shape"))])
         graph = out.graph
+        # a pinned value is its value, reshaped to its own shape: it has the same declaration, if any
+        declared = {v.name: v for v in graph.value_info}
+        for x in targets:
+            if x in declared:
+                graph.value_info.add().CopyFrom(declared[x])
+                graph.value_info[-1].name = pinned[x]
         replaced = {k: x for x in targets for k in backward_readers[x]}
         for k in sorted(replaced):
             graph.node[k].CopyFrom(self._from_shape(graph, graph.node[k], shapes[replaced[k]], unique))
