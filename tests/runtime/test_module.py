@@ -392,3 +392,22 @@ def test_a_label_past_the_class_count_is_refused_before_the_run(mlp_dir, rng):
     module.eval()
     with pytest.raises(InputError, match="eval step: input 'labels' holds the class label 4"):
         module(x, y)
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (float("nan"), ValueError, "must be finite, got nan"),
+    (float("inf"), ValueError, "must be finite, got inf"),
+    ("0.1", TypeError, "must be a number, got str '0.1'"),
+    (None, TypeError, "must be a number, got NoneType"),
+])
+def test_a_learning_rate_that_would_corrupt_the_parameters_is_refused(mlp_dir, rng, bad, error, message):
+    """A NaN learning rate with finite gradients would make every trained parameter NaN at the next step."""
+    state, module = load(mlp_dir)
+    optimizer = Optimizer(mlp_dir / "optimizer_model.onnx", module)
+    optimizer.set_learning_rate(np.float32(0.01))
+    with pytest.raises(error, match=message):
+        optimizer.set_learning_rate(bad)
+    assert optimizer.get_learning_rate() == pytest.approx(0.01)
+    module(*batch(rng))
+    optimizer.step()
+    assert all(np.isfinite(p.data).all() for p in state.parameters.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -47,8 +48,19 @@ class Optimizer:
         self.skipped_steps = 0
 
     def set_learning_rate(self, learning_rate: float) -> None:
-        """The learning rate of the next steps."""
-        self._update.learning_rate[...] = learning_rate
+        """The learning rate of the next steps (a finite number: a NaN or infinite one would turn every trained
+        parameter into NaN at the next step, with finite gradients)."""
+        try:
+            if isinstance(learning_rate, (str, bytes, bool, np.bool_)):
+                raise TypeError
+            value = float(learning_rate)  # a Python or numpy number, or a 0-d array, as the peer's binding takes
+        except (TypeError, ValueError):
+            raise TypeError(f"the learning rate must be a number, got {type(learning_rate).__name__} "
+                            f"{learning_rate!r}") from None
+        if not math.isfinite(value):
+            raise ValueError(f"the learning rate must be finite, got {learning_rate}: the parameters would all "
+                             "become NaN at the next step")
+        self._update.learning_rate[...] = value
 
     def get_learning_rate(self) -> float:
         """The learning rate of the next step."""
