@@ -65,6 +65,9 @@ export class Optimizer {
   }
 
   setLearningRate(learningRate) {
+    // as Python's Optimizer.set_learning_rate: a NaN rate would turn every trained parameter into NaN
+    if (typeof learningRate !== 'number') throw new TypeError(`the learning rate must be a number, got ${typeof learningRate} ${learningRate}`);
+    if (!Number.isFinite(learningRate)) throw new RangeError(`the learning rate must be finite, got ${learningRate}: the parameters would all become NaN at the next step`);
     this._lr[0] = learningRate;
   }
 

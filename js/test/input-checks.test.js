@@ -1,4 +1,4 @@
-// Class labels are checked before a run, as in Python (runtime/inputs.py): onnxruntime reads -1 as the last
+// Inputs checked before a run, as in Python. Class labels (runtime/inputs.py): onnxruntime reads -1 as the last
 // class without an error, so a negative label, or one past the class count the graphs declare, is refused with
 // the input, the label and its position named.
 import { test } from 'node:test';
@@ -34,4 +34,14 @@ test('a negative label and one past the class count are refused before the run, 
   await assert.rejects(session.runEvalStep({ input: x, labels: labels([-1, 1, 2, 3, 0, 1]) }),
     /eval step: input 'labels' holds the class label -1 at index \[0\]/);
   assert.deepEqual(Float32Array.from((await session.getContiguousParameters(true)).data), before);
+});
+
+test('a learning rate that would corrupt the parameters is refused, as in Python', async () => {
+  const api = bindEngine(ortNode);
+  const session = await api.TrainingSession.create({ checkpointState: join(folder, 'checkpoint'),
+    trainModel: join(folder, 'training_model.onnx'), optimizerModel: join(folder, 'optimizer_model.onnx') });
+  await session.setLearningRate(0.01);
+  assert.throws(() => session.optimizer.setLearningRate(NaN), /the learning rate must be finite, got NaN/);
+  assert.throws(() => session.optimizer.setLearningRate('0.1'), /the learning rate must be a number, got string/);
+  assert.ok(Math.abs((await session.getLearningRate()) - 0.01) < 1e-9);
 });
