@@ -18,7 +18,7 @@ __all__ = [
     "LAZY_RESET_GRAD", "grad_buffer_name", "grad_output_name", "buffer_output_name", "TRAINING_META",
     "OPTIMIZER_META", "LORA_META", "LEARNING_RATE", "STEP", "PARAMS", "GRADIENTS", "GRADIENTS_FINITE", "output_name",
     "ARTIFACT_FILES", "OPTIONAL_ARTIFACT_FILES", "artifact_file", "TrainingMeta", "OptimizerMeta",
-    "TRAIN_STEP_META", "TrainStepMeta",
+    "TRAIN_STEP_META", "TrainStepMeta", "CLASS_LOSSES",
 ]
 
 LAZY_RESET_GRAD = "lazy_reset_grad"
@@ -27,6 +27,10 @@ STEP = "step"
 PARAMS = "params"
 GRADIENTS = "gradients"
 GRADIENTS_FINITE = "gradients_finite"  # optimizer output: False when a gradient is NaN or infinite
+
+# The loss ops whose second input holds class labels: the training and eval graphs declare the class count of the
+# scores such a loss reads (a value_info), and the runtimes check the labels against it before a run.
+CLASS_LOSSES = frozenset({"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"})
 
 # metadata_props keys holding a JSON description of each artifact's interface
 TRAINING_META = "onnxtrain.training"

@@ -45,17 +45,13 @@ class TrainingGraphs:
     infos: dict[str, TensorInfo] = field(default_factory=dict)  # types and shapes of the forward's values
 
 
-
-_CLASS_LOSSES = frozenset({"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"})
-
-
 def declare_class_scores(model: onnx.ModelProto, infos: dict[str, TensorInfo]) -> None:
     """Declare (as a value_info) the scores a class loss of ``model`` reads, when their class count is static:
     the runtime then refuses a label past it before the run, naming the label (runtime.inputs)."""
     graph = model.graph
     declared = {v.name for v in (*graph.value_info, *graph.input, *graph.output)}
     for node in graph.node:
-        if node.op_type not in _CLASS_LOSSES or node.domain not in ("", "ai.onnx"):
+        if node.op_type not in names.CLASS_LOSSES or node.domain not in ("", "ai.onnx"):
             continue
         scores, info = node.input[0], infos.get(node.input[0])
         if scores in declared or info is None or info.shape is None or len(info.shape) < 2 \

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from onnxtrain.conventions import CLASS_LOSSES
 from onnxtrain.errors import InputError
 from onnxtrain.runtime.backends.base import TensorMeta
 
 __all__ = ["ClassLabels", "check_inputs", "class_label_inputs", "describe", "owned_ortvalue"]
 
-_CLASS_LOSSES = frozenset({"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"})
 # ops that pass a label tensor on unchanged but for its layout or integer type
 _LABEL_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast"})
 
@@ -39,7 +39,7 @@ def class_label_inputs(model: onnx.ModelProto) -> dict[str, ClassLabels]:
     shapes = {v.name: v.type.tensor_type.shape for v in (*graph.value_info, *graph.input, *graph.output)}
     found: dict[str, ClassLabels] = {}
     for node in graph.node:
-        if node.op_type not in _CLASS_LOSSES or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        if node.op_type not in CLASS_LOSSES or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
             continue
         label = node.input[1]
         while label not in inputs and label in producer and producer[label].op_type in _LABEL_VIEWS:
