@@ -325,3 +325,17 @@ def test_unexpected_errors_are_one_line_too(monkeypatch, capsys):
     assert main.main(["info", "x"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("onnxtrain: error: internal error (AttributeError") and len(err.splitlines()) == 1
+
+
+def test_a_dataset_named_after_the_model_inputs_is_read(workdir, arts, tmp_path):
+    """np.savez(..., input=x, labels=y) with the model's own input names needs no conversion; other names get
+    an error that offers both spellings."""
+    model = onnx.load(arts / "training_model.onnx", load_external_data=False)
+    data_input, label_input = model.graph.input[0].name, model.graph.input[1].name
+    train = np.load(workdir / "val.npz")
+    np.savez(tmp_path / "named.npz", **{data_input: train["x"], label_input: train["y"]})
+    proc = run_cli("eval", arts, "--data", tmp_path / "named.npz")
+    assert proc.returncode == 0, proc.stderr
+    np.savez(tmp_path / "other.npz", pixels=train["x"], digits=train["y"])
+    assert_one_line_error(run_cli("eval", arts, "--data", tmp_path / "other.npz"), "no array 'x'",
+                          f"or arrays named after the model's inputs ({data_input!r}, {label_input!r})")

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     eval_model = read_model(artifacts.eval, "eval model")
     spec = data_spec(eval_model)
     metrics = check_metrics(args.metrics if args.metrics is not None else default_metrics(spec), spec.predictions)
-    x, y = fit_dataset(load_dataset(args.data), spec, args.data)
+    x, y = fit_dataset(load_dataset(args.data, spec.names), spec, args.data)
     quiet_onnxruntime()
     state = CheckpointState.load_checkpoint(checkpoint)
     module = Module(read_model(artifacts.training, "training model"), state, eval_model)

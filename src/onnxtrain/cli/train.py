@@ -375,8 +375,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("give either --val or --val-split, not both")
     spec = data_spec(training_model)
     metrics = check_metrics(opts.metrics if opts.metrics is not None else default_metrics(spec), spec.predictions)
-    x, y = fit_dataset(load_dataset(args.data), spec, args.data)
-    val = fit_dataset(load_dataset(args.val), spec, args.val) if args.val else None
+    x, y = fit_dataset(load_dataset(args.data, spec.names), spec, args.data)
+    val = fit_dataset(load_dataset(args.val, spec.names), spec, args.val) if args.val else None
     if opts.val_split:
         n_val = int(round(len(x) * opts.val_split))
         if n_val < 1 or n_val >= len(x):

@@ -10,7 +10,9 @@ Format (written by ``np.savez``; read with ``allow_pickle=False``, so a dataset 
 =========  ==============================================================================================
 
 ``onnxtrain data`` converts .npy, .npz, CSV files and folders of images into this format; any program can
-write it with ``np.savez("train.npz", x=x, y=y)``.
+write it with ``np.savez("train.npz", x=x, y=y)``. A file without ``x`` and ``y`` whose arrays are named after
+the model's data input and label input (``np.savez("train.npz", input=x, labels=y)``) is read as well, when the
+caller gives those names (``onnxtrain train`` and ``eval`` do).
 """
 
 from __future__ import annotations
@@ -95,8 +97,10 @@ def save_dataset(dataset: Dataset, path: str | os.PathLike) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def load_dataset(path: str | os.PathLike) -> Dataset:
-    """Read and validate a dataset file (see the module docstring); every defect is a DatasetError."""
+def load_dataset(path: str | os.PathLike, input_names: tuple[str, str] | None = None) -> Dataset:
+    """Read and validate a dataset file (see the module docstring); every defect is a DatasetError.
+    ``input_names``: the model's (data input, label input) names, read in place of ``x`` and ``y`` when the file
+    has those arrays and not ``x`` and ``y``."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise DatasetError(f"data file not found: {path}")
@@ -109,13 +113,19 @@ def load_dataset(path: str | os.PathLike) -> Dataset:
     try:
         with np.load(path, allow_pickle=False) as npz:
             keys = list(npz.files)
-            missing = [k for k in ("x", "y") if k not in keys]
+            x_name, y_name = "x", "y"
+            if input_names and not {"x", "y"} <= set(keys) and set(input_names) <= set(keys):
+                x_name, y_name = input_names
+            missing = [k for k in (x_name, y_name) if k not in keys]
             if missing:
                 x_key, y_key = _guess_keys(keys)
+                named = (f", or arrays named after the model's inputs ({input_names[0]!r}, {input_names[1]!r})"
+                         if input_names else "")
                 raise DatasetError(f"{path} has no array {missing[0]!r} (its arrays: {keys}); an onnxtrain dataset "
-                                   f"holds arrays 'x' (inputs) and 'y' (labels): convert it with `onnxtrain data "
-                                   f"{path} -o {_converted_name(path)} --x-key {x_key} --y-key {y_key}`")
-            x, y = npz["x"], npz["y"]
+                                   f"holds arrays 'x' (inputs) and 'y' (labels){named}: convert it with "
+                                   f"`onnxtrain data {path} -o {_converted_name(path)} --x-key {x_key} "
+                                   f"--y-key {y_key}`")
+            x, y = npz[x_name], npz[y_name]
             classes = [str(c) for c in npz["classes"]] if "classes" in keys else None
     except DatasetError:
         raise

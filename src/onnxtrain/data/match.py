@@ -34,6 +34,11 @@ class DataSpec:
     ignore_index: int | None = None   # ... or equal this
     predictions: str | None = None    # the output the metrics read (first additional output)
 
+    @property
+    def names(self) -> tuple[str, str]:
+        """(data input, label input): the array names a dataset file may use in place of x and y."""
+        return self.input.name, self.label.name
+
 
 def data_spec(model: onnx.ModelProto) -> DataSpec:
     """The data interface of a training or eval model written by generate_artifacts."""
