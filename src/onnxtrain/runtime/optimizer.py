@@ -51,12 +51,12 @@ class Optimizer:
         """The learning rate of the next steps (a finite number: a NaN or infinite one would turn every trained
         parameter into NaN at the next step, with finite gradients)."""
         try:
-            if isinstance(learning_rate, (str, bytes, bool, np.bool_)):
-                raise TypeError
             value = float(learning_rate)  # a Python or numpy number, or a 0-d array, as the peer's binding takes
         except (TypeError, ValueError):
+            value = None
+        if value is None or isinstance(learning_rate, (str, bytes, bool, np.bool_)):
             raise TypeError(f"the learning rate must be a number, got {type(learning_rate).__name__} "
-                            f"{learning_rate!r}") from None
+                            f"{learning_rate!r}")
         if not math.isfinite(value):
             raise ValueError(f"the learning rate must be finite, got {learning_rate}: the parameters would all "
                              "become NaN at the next step")

@@ -90,9 +90,10 @@ class TrainingRun:
         self.train_model, self.eval_model = train_model, eval_model
         self.train_outputs = graph_io(train_model.graph.output)
         self._check_interface()
-        values.check_declared(graph_io(train_model.graph.input), "training model")
+        train_inputs = graph_io(train_model.graph.input)
+        values.check_declared(train_inputs, "training model")
         n_user = len(self.meta.user_inputs) + len(self.meta.labels)
-        self.train_inputs = graph_io(train_model.graph.input)[:n_user]
+        self.train_inputs = train_inputs[:n_user]
         self.train_labels = class_label_inputs(train_model)
         # The eval session opens on first use: a training loop may never evaluate, and a session holds memory.
         # An eval graph that does not connect still fails here (check_connected), not at the first evaluation.
@@ -101,8 +102,9 @@ class TrainingRun:
         self.eval_labels: dict[str, ClassLabels] = {}
         if eval_model is not None:
             check_connected(eval_model, "eval model")
-            values.check_declared(graph_io(eval_model.graph.input), "eval model")
-            self.eval_inputs = graph_io(eval_model.graph.input)[:n_user]
+            eval_inputs = graph_io(eval_model.graph.input)
+            values.check_declared(eval_inputs, "eval model")
+            self.eval_inputs = eval_inputs[:n_user]
             self.eval_labels = class_label_inputs(eval_model)
             self.eval_outputs = graph_io(eval_model.graph.output)
         self.loss = np.zeros((), dtype=self.train_outputs[0].dtype)
