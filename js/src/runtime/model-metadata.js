@@ -99,7 +99,7 @@ export function trainStepMetadata(bytes) {
 }
 
 // The class losses and where their labels may come from (runtime/inputs.py: class_label_inputs)
-const CLASS_LOSSES = new Set(['SoftmaxCrossEntropyLoss', 'NegativeLogLikelihoodLoss']);
+export const CLASS_LOSSES = new Set(['SoftmaxCrossEntropyLoss', 'NegativeLogLikelihoodLoss']);
 const LABEL_VIEWS = new Set(['Reshape', 'Flatten', 'Squeeze', 'Unsqueeze', 'Identity', 'Cast']);
 // ModelProto.graph = 7; GraphProto: node = 1, input = 11, output = 12, value_info = 13; NodeProto: input = 1,
 // output = 2, op_type = 4, attribute = 5, domain = 7; AttributeProto: name = 1, i = 3; ValueInfoProto: name = 1,

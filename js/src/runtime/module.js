@@ -11,7 +11,7 @@
 // training graph runs alone and the optimizer graph at step().
 
 import * as names from '../conventions.js';
-import { classLabelInputs, trainingMetadata } from './model-metadata.js';
+import { CLASS_LOSSES, classLabelInputs, trainingMetadata } from './model-metadata.js';
 import { readBytes } from './io.js';
 
 export class Module {
@@ -261,8 +261,8 @@ export async function openSession(ort, bytes, what, sessionOptions) {
 }
 
 // the ops where a class label (or another index) out of range fails; elsewhere that hint would mislead
-const INDEX_READERS = new Set(['SoftmaxCrossEntropyLoss', 'NegativeLogLikelihoodLoss', 'OneHot', 'Gather',
-  'GatherElements', 'GatherND', 'ScatterElements', 'ScatterND']);
+const INDEX_READERS = new Set([...CLASS_LOSSES, 'OneHot', 'Gather', 'GatherElements', 'GatherND', 'ScatterElements',
+  'ScatterND']);
 
 /** session.run(); an engine failure names the step, the op and the node (as the Python runtime's). */
 export async function run(session, feeds, what) {

@@ -6,6 +6,7 @@ import re
 
 import numpy as np
 
+from onnxtrain.conventions import CLASS_LOSSES
 from onnxtrain.errors import ExecutionError, OnnxTrainError
 
 __all__ = ["run_session"]
@@ -14,8 +15,7 @@ _NODE = re.compile(r"running (\w+) node(?:\. Name:'([^']*)')?")
 # onnxruntime's checks of the feeds against the graph's declared inputs, before any node runs
 _SHAPE_MESSAGE = re.compile(r"invalid dimensions|Invalid rank|Unexpected input data type", re.IGNORECASE)
 # the ops where a class label (or another index) out of range fails; elsewhere that hint would mislead
-_INDEX_READERS = frozenset({"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "OneHot", "Gather",
-                            "GatherElements", "GatherND", "ScatterElements", "ScatterND"})
+_INDEX_READERS = CLASS_LOSSES | {"OneHot", "Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND"}
 
 
 def _engine_message(exc: BaseException) -> str:
