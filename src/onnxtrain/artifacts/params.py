@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
+from onnxtrain.artifacts.torch_names import folded_parameter
 from onnxtrain.ir.passes import ancestors, node_inputs
 from onnxtrain.ir.types import FLOAT_TYPES
 
@@ -52,10 +53,15 @@ RENAMED_BY_FOLDING = ("its constant folding (do_constant_folding=True, the defau
                       "parameters' names, or name these")
 
 
+FOLDED_BY_DYNAMO = ("export with optimize=False to train it, or train the folded tensors under their own names "
+                    "(requires_grad=None trains every one)")
+
+
 def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str, strict: bool = True,
-            graph_inputs: frozenset[str] = frozenset()) -> list[str]:
+            graph_inputs: frozenset[str] = frozenset(), graph: onnx.GraphProto | None = None) -> list[str]:
     """Resolve names and shell-style globs against ``candidates``; unknown names are an error (``strict``) or
-    are skipped with a warning. ``graph_inputs``: the model's inputs, named in the error."""
+    are skipped with a warning. ``graph_inputs``: the model's inputs, named in the error; ``graph``: the model,
+    whose torch records (torch_names.py) can tell where a missing parameter went."""
     if names is None:
         return []
     if isinstance(names, str):
@@ -73,6 +79,13 @@ def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str, s
         if not hits and name in graph_inputs:
             raise ValueError(f"{what}: {name!r} is an input of the model, not an initializer: it has no value to "
                              f"train from" + (f" ({WEIGHTS_AS_INPUTS})" if not candidates else ""))
+        folded = folded_parameter(graph, name) if not hits and graph is not None else None
+        if folded is not None:
+            raise ValueError(f"{what}: {name!r} is not an initializer of the model: torch.onnx.export's graph "
+                             f"optimizer (dynamo=True and optimize=True, its defaults) folded it into the "
+                             f"{folded.op_type} node {folded.name!r} (whose weights are now "
+                             f"{[x for x in folded.input if x in candidates]}), and its own values are gone; "
+                             f"{FOLDED_BY_DYNAMO}")
         if not hits:
             close = [c for c in candidates if name.split(".")[-1] in c][:5]
             made_up = [c for c in candidates if c.startswith("onnx::")]
@@ -103,7 +116,8 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
     """
     names = list(weights)
     float_names = [n for n in names if onnx.helper.np_dtype_to_tensor_dtype(weights[n].dtype) in FLOAT_TYPES]
-    trainable = _expand(requires_grad, names, "requires_grad", graph_inputs=frozenset(i.name for i in graph.input))
+    trainable = _expand(requires_grad, names, "requires_grad", graph_inputs=frozenset(i.name for i in graph.input),
+                        graph=graph)
     # Nothing to freeze is harmless: exporters turn torch buffers (named_buffers(), which users list here) into
     # constants, and the peer ignores such names.
     frozen = _expand(frozen_params, names, "frozen_params", strict=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 
@@ -15,11 +16,14 @@ from onnxtrain.artifacts.passes.cast_like_to_cast import CastLikeToCast
 from onnxtrain.artifacts.passes.fold_index_constants import FoldIndexConstants
 from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
+from onnxtrain.artifacts.torch_names import restore_torch_parameters
 from onnxtrain.ir.passes import clone, clone_without, declare_as_inputs, default_opset, node_inputs
 from onnxtrain.ir.symbolic import canonical_name, input_symbols
 from onnxtrain.ir.types import onnx_dtype
 
 __all__ = ["SourceModel", "load_source_model", "MIN_OPSET", "KEEP_OPSET_FROM"]
+
+logger = logging.getLogger(__name__)
 
 MIN_OPSET = 17        # the opset older models are converted to when onnxtrain cannot train them at theirs
 KEEP_OPSET_FROM = 13  # models from this opset on keep it (as the peer does); axes became inputs at 13
@@ -79,6 +83,9 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
                                  f"instead, or onnx.load it with its external data") from None
             raise ValueError(f"cannot read initializer {init.name!r}: {exc}") from None
     del original
+    restored = restore_torch_parameters(proto.graph, weights)  # dynamo's optimizer renamed or merged them
+    if restored:
+        logger.info("torch parameters restored from the exporter's records: %d (e.g. %s)", len(restored), restored[0])
     proto = _split_sequences(proto, weights)
     if proto.graph.sparse_initializer:
         raise ValueError("sparse initializers are not supported; convert them to dense initializers first")

@@ -1,0 +1,282 @@
+"""torch's parameters back under their own names, in models from torch's dynamo exporter with its optimizer on.
+
+``torch.onnx.export`` (``dynamo=True``, the default from torch 2.9) optimizes the graph by default
+(``optimize=True``), and two of its rewrites change what the initializers are:
+
+- the weight of a Linear that reads a 3-D input (every transformer's projections) is stored transposed, under a
+  name of the exporter's (``val_51`` for ``bert.encoder.layer.0.attention.self.query.weight``);
+- initializers with equal values are stored once: a freshly initialized model's zero biases and unit LayerNorm
+  weights become one tensor, which would train as one parameter where torch has several.
+
+The exporter records, on each node, the torch call it came from (``pkg.torch.onnx.fx_node``: the aten op and its
+arguments, parameters as ``%p_<name>``) and the module scopes (``pkg.torch.onnx.name_scopes``). From those,
+:func:`restore_torch_parameters` gives each parameter its torch name, values and layout back: a transposed weight
+becomes the torch weight read through a ``Transpose`` (the form the TorchScript exporter writes, which the
+gradient passes know), and a shared tensor becomes one initializer per parameter it stands for. Nothing is
+renamed when the metadata is missing or ambiguous, or when the name is taken by a tensor with other values.
+
+A BatchNorm folded into the convolution before it cannot be undone (its statistics are gone);
+:func:`folded_parameter` names the node it went into, for the error a ``requires_grad`` list gets.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxtrain.ir.passes import node_inputs
+from onnxtrain.ir.types import onnx_dtype
+
+__all__ = ["restore_torch_parameters", "folded_parameter"]
+
+FX_NODE = "pkg.torch.onnx.fx_node"
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+ORIGINAL_NAME = "pkg.torch.onnx.original_node_name"
+EXPORT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+
+_CALL = re.compile(r"target=([\w.]+)\]\(args = \((.*)\), kwargs = ")
+_KINDS = {"p_": "PARAMETER", "b_": "BUFFER"}
+
+
+@dataclasses.dataclass(frozen=True)
+class FxCall:
+    """The torch call a node was exported from: ``aten.linear`` and its arguments (``%``-names, or None)."""
+
+    target: str
+    args: tuple[str | None, ...]
+    scopes: tuple[str, ...]          # module paths, outermost first ('' is the root module)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Role:
+    arg: int                         # which argument of the torch call the ONNX input is
+    transposed: bool = False         # stored as that argument's transpose
+
+
+def fx_call(node: onnx.NodeProto) -> FxCall | None:
+    """The torch call recorded on ``node`` by the dynamo exporter, or None."""
+    meta = {p.key: p.value for p in node.metadata_props}
+    found = _CALL.search(meta.get(FX_NODE, ""))
+    if found is None:
+        return None
+    target = found.group(1).removeprefix("torch.ops.")
+    target = target.rsplit(".", 1)[0] if target.count(".") >= 2 else target     # aten.linear.default
+    try:
+        scopes = tuple(s for s in ast.literal_eval(meta.get(NAME_SCOPES, "[]"))[:-1] if isinstance(s, str))
+    except (ValueError, SyntaxError):
+        scopes = ()
+    return FxCall(target, tuple(_argument(a) for a in _split_arguments(found.group(2))), scopes)
+
+
+def _split_arguments(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _argument(text: str) -> str | None:
+    return text[1:] if re.fullmatch(r"%\w+", text) else None
+
+
+def _role(node: onnx.NodeProto, index: int, call: FxCall) -> _Role | None:
+    """Which argument of the torch call ``node.input[index]`` is, for the calls whose ONNX form is known."""
+    op, target = node.op_type, call.target
+    if target == "aten.linear":
+        if op == "MatMul" and index == 1:
+            return _Role(1, transposed=True)
+        if op == "Gemm" and index in (1, 2):
+            trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+            return _Role(index, transposed=index == 1 and not trans_b)
+        if op == "Add":
+            return _Role(2)
+    if target == "aten.embedding" and op == "Gather" and index == 0:
+        return _Role(0)
+    if target == "aten.layer_norm" and op == "LayerNormalization" and index in (1, 2):
+        return _Role(index + 1)
+    if target in ("aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.convolution") and op == "Conv" and index in (1, 2):
+        return _Role(index)
+    return None
+
+
+def _placeholder_of(node: onnx.NodeProto, index: int, call: FxCall, weights: dict[str, np.ndarray],
+                    named: bool) -> _Role | None:
+    """The role of an initializer input: by the op's known form; else, for a tensor that has a torch name
+    (``named``: a shared one, not one the optimizer computed), the one parameter of the call that no other
+    initializer input of the node stands for (an RMSNorm's ``Mul(weight, x)``)."""
+    role = _role(node, index, call)
+    if role is not None:
+        return role if role.arg < len(call.args) and _is_placeholder(call.args[role.arg]) else None
+    params = [k for k, a in enumerate(call.args) if _is_placeholder(a)]
+    others = sum(1 for i, x in enumerate(node.input) if i != index and x in weights)
+    return _Role(params[0]) if named and len(params) == 1 and others == 0 else None
+
+
+def _is_placeholder(arg: str | None) -> bool:
+    return arg is not None and arg.startswith(tuple(_KINDS))
+
+
+def _mangled(name: str) -> str:
+    return re.sub(r"\W", "_", name).lower()
+
+
+def torch_name(placeholder: str, scopes: tuple[str, ...], known: dict[str, str]) -> str | None:
+    """The dotted torch name of ``p_<mangled>`` (``b_`` for buffers): from the exporter's own record when the
+    tensor kept its name, else the innermost module scope whose mangled path prefixes it, plus the rest as the
+    attribute name."""
+    if placeholder in known:
+        return known[placeholder]
+    rest = placeholder[2:]   # after p_ or b_
+    for scope in reversed(scopes):
+        if not scope:
+            return rest or None
+        prefix = _mangled(scope) + "_"
+        if rest.lower().startswith(prefix) and len(rest) > len(prefix):
+            return f"{scope}.{rest[len(prefix):]}"
+    return None
+
+
+def _known_placeholders(graph: onnx.GraphProto) -> dict[str, str]:
+    return {p.value: v.name for v in [*graph.input, *graph.value_info] for p in v.metadata_props
+            if p.key == ORIGINAL_NAME}
+
+
+def restore_torch_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> list[str]:
+    """Give back torch's parameters that the dynamo exporter's optimizer renamed, transposed or merged (module
+    docstring), in place: ``graph``'s nodes read them, ``weights`` holds their values. Returns the names added."""
+    if not any(p.key == FX_NODE for n in graph.node[:8] for p in n.metadata_props):
+        return []
+    known = _known_placeholders(graph)
+    named = set(known.values())
+    taken = {x for n in graph.node for x in (*node_inputs(n), *n.output)} | {i.name for i in graph.input}
+    added: dict[str, tuple[str, bool]] = {}    # new name -> (the tensor it comes from, transposed)
+    transposes: dict[str, str] = {}            # new name -> its Transpose's output
+    new_nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        call = None
+        for index, x in enumerate(node.input):
+            if x not in weights or weights[x].dtype.kind != "f":
+                continue
+            call = call or fx_call(node)
+            role = _placeholder_of(node, index, call, weights, x in named) if call else None
+            if role is None or (role.transposed and weights[x].ndim != 2):
+                continue
+            placeholder = call.args[role.arg]
+            name = torch_name(placeholder, call.scopes, known)
+            if name is None or (name == x and not role.transposed):
+                continue
+            if not _claim(name, x, role.transposed, weights, added, taken):
+                continue
+            if role.transposed:
+                if name not in transposes:
+                    transposes[name] = _fresh(f"{name}/transposed", taken)
+                    new_nodes.append(helper.make_node("Transpose", [name], [transposes[name]], perm=[1, 0],
+                                                      name=transposes[name]))
+                node.input[index] = transposes[name]
+            else:
+                node.input[index] = name
+            if name not in weights:
+                values = weights[x].T if role.transposed else weights[x]
+                weights[name] = np.ascontiguousarray(values).copy()
+                graph.value_info.append(_declaration(name, weights[name], placeholder))
+    added.update(_restore_dropped_biases(graph, weights, known, taken))
+    if not added:
+        return []
+    nodes = new_nodes + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    read = {x for n in graph.node for x in node_inputs(n)} | {o.name for o in graph.output}
+    gone = [w for w in weights if w not in read]
+    for name in gone:
+        del weights[name]
+    infos = [v for v in graph.value_info if v.name not in set(gone)]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
+    return [n for n in added if n in weights]
+
+
+def _restore_dropped_biases(graph: onnx.GraphProto, weights: dict[str, np.ndarray], known: dict[str, str],
+                            taken: set[str]) -> dict[str, tuple[str, bool]]:
+    """A Linear's bias the optimizer dropped from its Gemm because it was zero, back as a zero initializer: a
+    Gemm with no bias that computes a whole ``aten.linear`` with a bias argument (no other node has its call)."""
+    records = [next((p.value for p in n.metadata_props if p.key == FX_NODE), None) for n in graph.node]
+    count: dict[str, int] = {}
+    for r in records:
+        if r is not None:
+            count[r] = count.get(r, 0) + 1
+    added: dict[str, tuple[str, bool]] = {}
+    for node, record in zip(graph.node, records):
+        if node.op_type != "Gemm" or record is None or count[record] != 1 or len(node.input) > 2:
+            continue
+        call, weight = fx_call(node), node.input[1]
+        if call is None or call.target != "aten.linear" or len(call.args) < 3 or not _is_placeholder(call.args[2]):
+            continue
+        if weight not in weights or weights[weight].ndim != 2:
+            continue
+        name = torch_name(call.args[2], call.scopes, known)
+        if name is None or name in weights or name in taken:
+            continue
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        w = weights[weight]
+        weights[name] = np.zeros(w.shape[0] if trans_b else w.shape[1], dtype=w.dtype)
+        graph.value_info.append(_declaration(name, weights[name], call.args[2]))
+        node.input.append(name)
+        added[name] = (weight, False)
+        taken.add(name)
+    return added
+
+
+def _claim(name: str, source: str, transposed: bool, weights: dict[str, np.ndarray],
+           added: dict[str, tuple[str, bool]], taken: set[str]) -> bool:
+    """Whether ``name`` may hold ``source`` (transposed or not): a new name, one given to the same tensor already,
+    or an existing initializer with the same values (a parameter torch ties, as GPT-2's embedding and head)."""
+    if name in added:
+        return added[name] == (source, transposed)
+    if name in weights:
+        values = weights[source].T if transposed else weights[source]
+        if weights[name].shape != values.shape or not np.array_equal(weights[name], values):
+            return False
+    elif name in taken:
+        return False
+    added[name] = (source, transposed)
+    taken.add(name)
+    return True
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    out, k = name, 1
+    while out in taken:
+        out, k = f"{name}_{k}", k + 1
+    taken.add(out)
+    return out
+
+
+def _declaration(name: str, values: np.ndarray, placeholder: str) -> onnx.ValueInfoProto:
+    """A value info recording what the tensor was in torch (a parameter or a buffer), as the exporter's own."""
+    info = helper.make_tensor_value_info(name, onnx_dtype(values.dtype), list(values.shape))
+    for key, value in ((EXPORT_KIND, _KINDS[placeholder[:2]]), (ORIGINAL_NAME, placeholder)):
+        info.metadata_props.add(key=key, value=value)
+    return info
+
+
+def folded_parameter(graph: onnx.GraphProto, name: str) -> onnx.NodeProto | None:
+    """The node whose recorded torch call reads the parameter ``name`` although no initializer holds it under that
+    name (a BatchNorm the exporter folded into a convolution), or None."""
+    wanted = {prefix + _mangled(name) for prefix in _KINDS}
+    for node in graph.node:
+        call = fx_call(node) if any(p.key == FX_NODE for p in node.metadata_props) else None
+        if call is not None and any(a is not None and a.lower() in wanted for a in call.args):
+            return node
+    return None

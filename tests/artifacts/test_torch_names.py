@@ -1,0 +1,147 @@
+"""Models from torch.onnx.export with its defaults (the dynamo exporter and its graph optimizer) train torch's own
+parameters, under torch's names (artifacts/torch_names.py)."""
+
+from __future__ import annotations
+
+import copy
+import re
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxtrain import artifacts
+from onnxtrain.api import CheckpointState, Module
+
+torch = pytest.importorskip("torch")
+
+
+def _export_with_defaults(model, args, path, input_names, dynamic_axes):
+    """``torch.onnx.export`` as a user's script calls it: the dynamo exporter with its default optimization."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model.eval(), args, str(path), dynamo=True, input_names=input_names,
+                          output_names=["logits"], dynamic_axes=dynamic_axes, verbose=False)
+    return onnx.load(str(path))
+
+
+def _tiny_bert():
+    from tests.zoo.vision import import_torchvision
+
+    import_torchvision()  # transformers imports torchvision; see tests/zoo/vision.py
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=32, num_labels=3, max_position_embeddings=32,
+                                     attn_implementation="eager")
+    return transformers.BertForSequenceClassification(config).eval()   # fresh weights: zero biases, unit norms
+
+
+def _torch_step(model, ids, labels):
+    """torch's loss and gradients, in float64 (float32's own rounding is about the size of the tolerance)."""
+    model = copy.deepcopy(model).double()
+    logits = model(torch.from_numpy(ids)).logits
+    loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(labels))
+    loss.backward()
+    return float(loss), {n: p.grad.numpy() for n, p in model.named_parameters()}
+
+
+def test_the_default_export_of_a_fresh_bert_trains_every_torch_parameter_under_its_name(tmp_path):
+    model = _tiny_bert()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 50, (2, 8)).astype(np.int64)   # no padding token (torch never updates its row)
+    exported = _export_with_defaults(model, (torch.from_numpy(ids),), tmp_path / "bert.onnx", ["input_ids"],
+                                     {"input_ids": {0: "batch", 1: "sequence"}, "logits": {0: "batch"}})
+    stored = {i.name for i in exported.graph.initializer}
+    names = [n for n, _ in model.named_parameters()]
+    # what the optimizer did, so that this test checks the restoration and not an exporter that changed
+    assert any(re.fullmatch(r"val_\d+", s) for s in stored), "no transposed weight under a made-up name"
+    assert len(set(names) - stored) > 10, "equal parameters were not stored once"
+
+    artifacts.generate_artifacts(str(tmp_path / "bert.onnx"), requires_grad=names,
+                                 loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.SGD,
+                                 artifact_directory=tmp_path / "art", additional_output_names=["logits"])
+    state = CheckpointState.load_checkpoint(tmp_path / "art" / "checkpoint")
+    assert sorted(n for n, _ in state.parameters) == sorted(names)
+    torch_values = dict(model.named_parameters())
+    for name, parameter in state.parameters:
+        np.testing.assert_array_equal(parameter.data, torch_values[name].detach().numpy(), err_msg=name)
+
+    module = Module(tmp_path / "art" / "training_model.onnx", state, tmp_path / "art" / "eval_model.onnx")
+    for batch, length in ((2, 8), (3, 5)):   # the exported size, and another batch and sequence length
+        ids = rng.integers(1, 50, (batch, length)).astype(np.int64)
+        labels = rng.integers(0, 3, batch).astype(np.int64)
+        module.lazy_reset_grad()
+        loss = float(module(ids, labels)[0])
+        torch_loss, torch_grads = _torch_step(model, ids, labels)
+        assert loss == pytest.approx(torch_loss, rel=1e-5)
+        for name, parameter in state.parameters:
+            expected = torch_grads[name]
+            error = np.linalg.norm(parameter.grad - expected) / max(np.linalg.norm(expected), 1e-6)
+            assert error < 1e-4, f"{name} ({batch}x{length}): relative gradient error {error:.2e}"
+
+    module.export_model_for_inferencing(tmp_path / "inference.onnx", ["logits"])
+    import onnxruntime as ort
+
+    ids = rng.integers(0, 50, (3, 6)).astype(np.int64)
+    got = ort.InferenceSession(str(tmp_path / "inference.onnx")).run(None, {"input_ids": ids})[0]
+    np.testing.assert_allclose(got, model(torch.from_numpy(ids)).logits.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+class _TiedLM(torch.nn.Module):
+    """A language model's embedding and output head sharing one weight, as GPT-2's."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(20, 8)
+        self.mix = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 20, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.mix(self.embed(ids))))[:, -1]     # the next token's scores
+
+
+def test_a_weight_torch_ties_stays_one_parameter(tmp_path):
+    """The optimizer stores the head's use of the tied weight transposed, as a tensor of its own: restored, the
+    head reads the embedding's weight, and the one parameter's gradient sums both uses, as in torch."""
+    torch.manual_seed(0)
+    model = _TiedLM().eval()
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 20, (2, 5)).astype(np.int64)
+    _export_with_defaults(model, (torch.from_numpy(ids),), tmp_path / "lm.onnx", ["ids"],
+                          {"ids": {0: "batch", 1: "sequence"}})
+    artifacts.generate_artifacts(str(tmp_path / "lm.onnx"), loss=artifacts.LossType.CrossEntropyLoss,
+                                 optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path / "art")
+    state = CheckpointState.load_checkpoint(tmp_path / "art" / "checkpoint")
+    # torch.export names the tied weight after its last owner (torch's named_parameters, after its first)
+    assert sorted(n for n, _ in state.parameters) == ["head.weight", "mix.bias", "mix.weight"]
+    module = Module(tmp_path / "art" / "training_model.onnx", state)
+    labels = rng.integers(0, 20, 2).astype(np.int64)
+    loss = float(module(ids, labels))
+    model.zero_grad()
+    reference = torch.nn.functional.cross_entropy(model(torch.from_numpy(ids)), torch.from_numpy(labels))
+    reference.backward()
+    assert loss == pytest.approx(float(reference), rel=1e-5)
+    torch_grads = {n: p.grad.numpy() for n, p in model.named_parameters()}
+    torch_grads["head.weight"] = torch_grads.pop("embed.weight")
+    for name, parameter in state.parameters:   # the embedding's gradient sums both of its uses
+        np.testing.assert_allclose(parameter.grad, torch_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_a_batchnorm_the_default_export_folded_is_named_with_the_way_out(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3)).eval()
+    _export_with_defaults(model, (torch.randn(2, 3, 8, 8),), tmp_path / "cnn.onnx", ["image"],
+                          {"image": {0: "batch"}})
+    with pytest.raises(ValueError, match=r"'1.weight' is not an initializer of the model: torch.onnx.export's "
+                                         r"graph optimizer .* folded it into the Conv node .*optimize=False"):
+        artifacts.generate_artifacts(str(tmp_path / "cnn.onnx"), requires_grad=[n for n, _ in model.named_parameters()],
+                                     loss=artifacts.LossType.CrossEntropyLoss, artifact_directory=tmp_path / "art")
+    # every tensor the file holds trains under its own name
+    artifacts.generate_artifacts(str(tmp_path / "cnn.onnx"), loss=artifacts.LossType.CrossEntropyLoss,
+                                 optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path / "art")
+    state = CheckpointState.load_checkpoint(tmp_path / "art" / "checkpoint")
+    assert {"0.weight", "4.weight", "4.bias"} <= {n for n, _ in state.parameters}
