@@ -92,11 +92,13 @@ def export(spec: Spec, exporter: str, model, path: Path, dynamic_size: bool = Tr
     out_axes = {0: "batch", **(spec.output_axes or {} if dynamic_size else {})}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if exporter == "dynamo":
+        if exporter in ("dynamo", "dynamo-optimized"):
             dim = torch.export.Dim.DYNAMIC
             # optimize=False: the default rewrites fold eval-mode BatchNorm into the Conv weights, keeping
-            # the Conv weight names, so the "parameters" would no longer be torch's
-            torch.onnx.export(model.eval(), args, str(path), dynamo=True, external_data=False, optimize=False,
+            # the Conv weight names, so the "parameters" would no longer be torch's. "dynamo-optimized" keeps
+            # the default, which models without BatchNorm train through (artifacts/torch_names.py)
+            torch.onnx.export(model.eval(), args, str(path), dynamo=True, external_data=False,
+                              optimize=exporter == "dynamo-optimized",
                               input_names=["input"], output_names=["output"],
                               dynamic_shapes=({a: dim for a in in_axes},), verbose=False)
         else:

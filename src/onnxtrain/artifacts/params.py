@@ -79,13 +79,11 @@ def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str, s
         if not hits and name in graph_inputs:
             raise ValueError(f"{what}: {name!r} is an input of the model, not an initializer: it has no value to "
                              f"train from" + (f" ({WEIGHTS_AS_INPUTS})" if not candidates else ""))
-        folded = folded_parameter(graph, name) if not hits and graph is not None else None
+        folded = folded_parameter(graph, name, candidates) if not hits and graph is not None else None
         if folded is not None:
             raise ValueError(f"{what}: {name!r} is not an initializer of the model: torch.onnx.export's graph "
-                             f"optimizer (dynamo=True and optimize=True, its defaults) folded it into the "
-                             f"{folded.op_type} node {folded.name!r} (whose weights are now "
-                             f"{[x for x in folded.input if x in candidates]}), and its own values are gone; "
-                             f"{FOLDED_BY_DYNAMO}")
+                             f"optimizer (dynamo=True and optimize=True, its defaults) folded it {folded}, and its "
+                             f"own values are gone; {FOLDED_BY_DYNAMO}")
         if not hits:
             close = [c for c in candidates if name.split(".")[-1] in c][:5]
             made_up = [c for c in candidates if c.startswith("onnx::")]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+from collections.abc import Collection
 
 import numpy as np
 import onnx
@@ -37,6 +38,7 @@ __all__ = ["restore_torch_parameters", "folded_parameter"]
 FX_NODE = "pkg.torch.onnx.fx_node"
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 ORIGINAL_NAME = "pkg.torch.onnx.original_node_name"
+FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 EXPORT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 
 _CALL = re.compile(r"target=([\w.]+)\]\(args = \((.*)\), kwargs = ")
@@ -271,12 +273,21 @@ def _declaration(name: str, values: np.ndarray, placeholder: str) -> onnx.ValueI
     return info
 
 
-def folded_parameter(graph: onnx.GraphProto, name: str) -> onnx.NodeProto | None:
-    """The node whose recorded torch call reads the parameter ``name`` although no initializer holds it under that
-    name (a BatchNorm the exporter folded into a convolution), or None."""
+def folded_parameter(graph: onnx.GraphProto, name: str, initializers: Collection[str]) -> str | None:
+    """Where the exporter's optimizer put the parameter ``name`` that no initializer holds under that name, as a
+    phrase for an error ("into the Conv node 'node_Conv_3' (whose weights are now ['conv1.weight'])"), or None.
+
+    The optimizer records the tensors it computed a constant from (``pkg.onnxscript.optimizer.folded_from``: a
+    position table sliced to a fixed length, a bias table gathered by constant indices); a BatchNorm folded into
+    a convolution leaves its own torch call on the Conv node."""
+    for info in graph.value_info:
+        sources = next((p.value for p in info.metadata_props if p.key == FOLDED_FROM), None)
+        if sources is not None and re.search(rf"'{re.escape(name)}'", sources):
+            return f"into the constant {info.name!r}, computed from it"
     wanted = {prefix + _mangled(name) for prefix in _KINDS}
     for node in graph.node:
         call = fx_call(node) if any(p.key == FX_NODE for p in node.metadata_props) else None
         if call is not None and any(a is not None and a.lower() in wanted for a in call.args):
-            return node
+            weights = [x for x in node.input[1:] if x in initializers]
+            return f"into the {node.op_type} node {node.name!r} (whose weights are now {weights})"
     return None
