@@ -229,3 +229,33 @@ def test_batchnorm_buffers_still_update_beside_adapters(tmp_path):
     module(x, np.zeros((4, 3), np.float32))
     optimizer.step()
     assert not np.allclose(state.buffers["bn.running_mean"], before)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_weight_read_through_a_transpose_gets_an_adapter_and_merges(tmp_path, shared):
+    """``MatMul(x, Transpose(W))``, W stored (out, in) as torch's Linear: how the TorchScript exporter writes a
+    Linear on a 3-D input, and the default dynamo export once its parameters are restored (torch_names.py).
+    ``shared``: another node reads W too, so the merge writes a copy and that node keeps the base weight."""
+    w = RNG.normal(size=(5, 6)).astype(np.float32)
+    nodes = [helper.make_node("Transpose", ["enc.weight"], ["wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "wt"], ["h" if shared else "y"], name="/enc/MatMul")]
+    if shared:   # y = x W^T + sum(W): a merge in place would change the sum
+        nodes += [helper.make_node("ReduceSum", ["enc.weight"], ["s"], keepdims=0),
+                  helper.make_node("Add", ["h", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 5])],
+                              initializer=[numpy_helper.from_array(w, "enc.weight")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    _, module, state = _generate(tmp_path, model, LoRA(rank=2, alpha=2, targets=["enc"]))
+    shapes = {n: p.data.shape for n, p in state.parameters if p.requires_grad}
+    assert shapes == {"enc.lora_A.weight": (2, 6), "enc.lora_B.weight": (5, 2)}
+    _randomize_b(state)
+    module.export_model_for_inferencing(tmp_path / "unmerged.onnx", ["y"])
+    module.export_model_for_inferencing(tmp_path / "merged.onnx", ["y"], merge_adapters=True)
+    x = RNG.normal(size=(2, 3, 6)).astype(np.float32)
+    unmerged, merged = _run(str(tmp_path / "unmerged.onnx"), x), _run(str(tmp_path / "merged.onnx"), x)
+    assert np.abs(unmerged - _run(model, x)).max() > 1e-2
+    np.testing.assert_allclose(merged, unmerged, rtol=1e-5, atol=1e-5)
+    proto = onnx.load(tmp_path / "merged.onnx")
+    assert not [n for n in proto.graph.node if "lora" in n.name]
+    assert len(proto.graph.initializer) == 1 + shared   # the merged weight (and the base one the sum reads)

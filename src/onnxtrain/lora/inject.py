@@ -68,9 +68,19 @@ def _attr(node: onnx.NodeProto, name: str, default):
 
 
 def candidates(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> Iterator[Candidate]:
-    """Every MatMul (weight as second input), Gemm (weight as input B) and 1x1 group-1 Conv with a float
-    initializer weight, in graph order."""
+    """Every MatMul (weight as second input, or its transpose: ``MatMul(x, Transpose(W))``, as torch's exporters
+    write a Linear on a 3-D input), Gemm (weight as input B) and 1x1 group-1 Conv with a float initializer
+    weight, in graph order."""
+    transposed = {n.output[0]: n.input[0] for n in graph.node
+                  if n.op_type == "Transpose" and n.input and n.input[0] in weights and weights[n.input[0]].ndim == 2
+                  and list(_attr(n, "perm", [1, 0])) == [1, 0]}
     for node in graph.node:
+        if (node.op_type == "MatMul" and len(node.input) == 2 and node.input[1] in transposed
+                and weights[transposed[node.input[1]]].dtype.kind == "f"):
+            name = transposed[node.input[1]]
+            out_f, in_f = weights[name].shape
+            yield Candidate(node, name, module_path(name, node.name), in_f, out_f, True)
+            continue
         if node.domain not in ("", "ai.onnx") or len(node.input) < 2 or node.input[1] not in weights:
             continue
         w = weights[node.input[1]]

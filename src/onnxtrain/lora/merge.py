@@ -59,15 +59,24 @@ def _merge(graph: onnx.GraphProto, meta: LoRAMeta) -> None:
     in_place = _in_place_weights(graph, meta)
 
     new_inits: dict[str, onnx.TensorProto] = {}
+    transposed: dict[str, str] = {}   # a merged copy -> its Transpose's output, for nodes reading W transposed
+    added: list[onnx.NodeProto] = []
     for a in meta.adapters:
         node = base_nodes[a.base_output]
         name = a.weight if a.weight in in_place else f"{a.weight}/merged/{a.module}"
         if name not in new_inits:
             arrays = [numpy_helper.to_array(inits[n]) for n in (a.weight, a.A, a.B)]
             new_inits[name] = numpy_helper.from_array(merged_weight(*arrays, a, meta.scale), name)
-        node.input[1] = name
+        if node.input[1] == a.weight:
+            node.input[1] = name
+        elif name != a.weight:   # MatMul(x, Transpose(W)) where W stays for other readers: the copy's transpose
+            if name not in transposed:
+                transposed[name] = f"{name}/transposed"
+                added.append(onnx.helper.make_node("Transpose", [name], [transposed[name]], perm=[1, 0],
+                                                   name=transposed[name]))
+            node.input[1] = transposed[name]
         node.output[0] = a.output
-    keep = [n for n in graph.node if n.name not in dropped]
+    keep = added + [n for n in graph.node if n.name not in dropped]
     del graph.node[:]
     graph.node.extend(keep)
     used = {x for n in keep for x in node_inputs(n)} | {o.name for o in graph.output}
@@ -86,6 +95,14 @@ def _in_place_weights(graph: onnx.GraphProto, meta: LoRAMeta) -> set[str]:
     for a in meta.adapters:
         pairs.setdefault(a.weight, set()).add((a.A, a.B))
         bases.setdefault(a.weight, set()).add(a.base_output)
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for x in node_inputs(n):
+            readers.setdefault(x, []).append(n)
+
+    def feeds_only_bases(n: onnx.NodeProto, w: str) -> bool:   # W's Transpose, read by the base nodes only
+        return n.op_type == "Transpose" and all(r.output[0] in bases[w] for r in readers.get(n.output[0], []))
+
     shared = {x for n in graph.node if n.name not in adapter_nodes for x in node_inputs(n)
-              if x in bases and n.output[0] not in bases[x]}
+              if x in bases and n.output[0] not in bases[x] and not feeds_only_bases(n, x)}
     return {w for w, p in pairs.items() if len(p) == 1 and w not in shared}
