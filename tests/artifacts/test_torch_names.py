@@ -145,3 +145,40 @@ def test_a_batchnorm_the_default_export_folded_is_named_with_the_way_out(tmp_pat
                                  optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path / "art")
     state = CheckpointState.load_checkpoint(tmp_path / "art" / "checkpoint")
     assert {"0.weight", "4.weight", "4.bias"} <= {n for n, _ in state.parameters}
+
+
+class _ZeroBiases(torch.nn.Module):
+    """A convolution, a LayerNorm and a Linear whose biases are zero, as a fresh model's: the optimizer drops
+    them from the Conv, LayerNormalization and Gemm nodes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm, self.fc = torch.nn.Conv2d(3, 4, 3), torch.nn.LayerNorm(4), torch.nn.Linear(4, 3)
+        for bias in (self.conv.bias, self.fc.bias):
+            torch.nn.init.zeros_(bias)
+
+    def forward(self, x):
+        return self.fc(self.norm(self.conv(x).permute(0, 2, 3, 1)).mean(dim=(1, 2)))
+
+
+def test_biases_the_default_export_dropped_as_zero_come_back_and_train(tmp_path):
+    torch.manual_seed(0)
+    model = _ZeroBiases().eval()
+    exported = _export_with_defaults(model, (torch.randn(2, 3, 8, 8),), tmp_path / "m.onnx", ["image"],
+                                     {"image": {0: "batch"}})
+    names = [n for n, _ in model.named_parameters()]
+    assert {"conv.bias", "norm.bias", "fc.bias"} - {i.name for i in exported.graph.initializer}, "none dropped"
+    artifacts.generate_artifacts(str(tmp_path / "m.onnx"), requires_grad=names,
+                                 loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.SGD,
+                                 artifact_directory=tmp_path / "art")
+    state = CheckpointState.load_checkpoint(tmp_path / "art" / "checkpoint")
+    assert sorted(n for n, _ in state.parameters) == sorted(names)
+    x = np.random.default_rng(2).standard_normal((3, 3, 8, 8)).astype(np.float32)
+    labels = np.array([0, 2, 1], dtype=np.int64)
+    loss = float(Module(tmp_path / "art" / "training_model.onnx", state)(x, labels))
+    reference = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(labels))
+    reference.backward()
+    assert loss == pytest.approx(float(reference), rel=1e-5)
+    for name, parameter in model.named_parameters():
+        np.testing.assert_allclose(state.parameters[name].grad, parameter.grad.numpy(), rtol=1e-4, atol=1e-6,
+                                   err_msg=name)

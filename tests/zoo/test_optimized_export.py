@@ -18,7 +18,9 @@ MODELS = ("bert", "distilbert", "roberta", "gpt2", "llama", "albert", "deberta_v
 # The optimizer computes a constant from a parameter where the model reads it through constant indices: the
 # parameter is gone, and a requires_grad list naming it gets an error that says where it went.
 FOLDED = {"whisper": "model.encoder.embed_positions.weight",            # the positions of its fixed length
-          "swin": "layers.0.blocks.0.attn.relative_position_bias_table"}  # gathered by a constant index table
+          "swin": "layers.0.blocks.0.attn.relative_position_bias_table",  # gathered by a constant index table
+          "convnext_atto": "stages.0.blocks.0.gamma",                     # reshaped to (C, 1, 1)
+          "poolformer": "stages.0.blocks.0.norm1.weight"}                 # a GroupNorm's scale, reshaped
 
 
 def _params():

@@ -209,10 +209,29 @@ def restore_torch_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarr
     return [n for n in added if n in weights]
 
 
+# (torch call, ONNX op) whose bias the optimizer drops when it is zero: the bias's ONNX input and torch argument
+_BIASES = {("aten.linear", "Gemm"): (2, 2), ("aten.layer_norm", "LayerNormalization"): (2, 3),
+           **{(conv, "Conv"): (2, 2) for conv in ("aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.convolution")}}
+
+
+def _bias_size(node: onnx.NodeProto, weights: dict[str, np.ndarray]) -> int | None:
+    """The length of the bias ``node`` would add, from its weight (LayerNormalization: its scale)."""
+    w = weights.get(node.input[1]) if len(node.input) > 1 else None
+    if w is None:
+        return None
+    if node.op_type == "Gemm":
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return w.shape[0] if trans_b else w.shape[1] if w.ndim == 2 else None
+    if node.op_type == "Conv":
+        return w.shape[0] if w.ndim >= 3 else None
+    return w.shape[0] if w.ndim == 1 else None
+
+
 def _restore_dropped_biases(graph: onnx.GraphProto, weights: dict[str, np.ndarray], known: dict[str, str],
                             taken: set[str]) -> dict[str, tuple[str, bool]]:
-    """A Linear's bias the optimizer dropped from its Gemm because it was zero, back as a zero initializer: a
-    Gemm with no bias that computes a whole ``aten.linear`` with a bias argument (no other node has its call)."""
+    """A bias the optimizer dropped because it was zero (a Linear's Gemm, a convolution, a LayerNorm), back as a
+    zero initializer: the node computes a whole torch call (no other node has its record) that has a bias
+    argument, and reads no bias."""
     records = [next((p.value for p in n.metadata_props if p.key == FX_NODE), None) for n in graph.node]
     count: dict[str, int] = {}
     for r in records:
@@ -220,22 +239,24 @@ def _restore_dropped_biases(graph: onnx.GraphProto, weights: dict[str, np.ndarra
             count[r] = count.get(r, 0) + 1
     added: dict[str, tuple[str, bool]] = {}
     for node, record in zip(graph.node, records):
-        if node.op_type != "Gemm" or record is None or count[record] != 1 or len(node.input) > 2:
+        if record is None or count[record] != 1:
             continue
-        call, weight = fx_call(node), node.input[1]
-        if call is None or call.target != "aten.linear" or len(call.args) < 3 or not _is_placeholder(call.args[2]):
+        call = fx_call(node)
+        where = _BIASES.get((call.target, node.op_type)) if call is not None else None
+        if where is None or len(node.input) > where[0] or where[1] >= len(call.args):
             continue
-        if weight not in weights or weights[weight].ndim != 2:
+        size, placeholder = _bias_size(node, weights), call.args[where[1]]
+        if size is None or not _is_placeholder(placeholder):
             continue
-        name = torch_name(call.args[2], call.scopes, known)
+        name = torch_name(placeholder, call.scopes, known)
         if name is None or name in weights or name in taken:
             continue
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        w = weights[weight]
-        weights[name] = np.zeros(w.shape[0] if trans_b else w.shape[1], dtype=w.dtype)
-        graph.value_info.append(_declaration(name, weights[name], call.args[2]))
+        weights[name] = np.zeros(size, dtype=weights[node.input[1]].dtype)
+        graph.value_info.append(_declaration(name, weights[name], placeholder))
+        while len(node.input) < where[0]:
+            node.input.append("")
         node.input.append(name)
-        added[name] = (weight, False)
+        added[name] = (node.input[1], False)
         taken.add(name)
     return added
 
