@@ -129,6 +129,13 @@ def test_a_weight_torch_ties_stays_one_parameter(tmp_path):
     for name, parameter in state.parameters:   # the embedding's gradient sums both of its uses
         np.testing.assert_allclose(parameter.grad, torch_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
+    # torch's own list of names calls the tied weight embed.weight: it trains the same tensor
+    artifacts.generate_artifacts(str(tmp_path / "lm.onnx"), requires_grad=[n for n, _ in model.named_parameters()],
+                                 loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.OptimType.SGD,
+                                 artifact_directory=tmp_path / "named")
+    named = CheckpointState.load_checkpoint(tmp_path / "named" / "checkpoint")
+    assert sorted(n for n, p in named.parameters if p.requires_grad) == ["head.weight", "mix.bias", "mix.weight"]
+
 
 def test_a_batchnorm_the_default_export_folded_is_named_with_the_way_out(tmp_path):
     torch.manual_seed(0)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from onnxtrain.artifacts.torch_names import folded_parameter
+from onnxtrain.artifacts.torch_names import folded_parameter, tied_parameter
 from onnxtrain.ir.passes import ancestors, node_inputs
 from onnxtrain.ir.types import FLOAT_TYPES
 
@@ -73,6 +73,9 @@ def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str, s
             raise TypeError(f"{what}: parameter names must be strings, got {name!r}")
         hits = [c for c in candidates if c == name] or (
             [c for c in candidates if fnmatch.fnmatchcase(c, name)] if any(ch in name for ch in "*?[") else [])
+        tied = tied_parameter(graph, name, candidates) if not hits and graph is not None else None
+        if tied is not None:   # torch ties it to a parameter the export named: the same tensor
+            hits = [tied]
         if not hits and not strict:
             skipped.append(name)
             continue
@@ -118,7 +121,7 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
                         graph=graph)
     # Nothing to freeze is harmless: exporters turn torch buffers (named_buffers(), which users list here) into
     # constants, and the peer ignores such names.
-    frozen = _expand(frozen_params, names, "frozen_params", strict=False)
+    frozen = _expand(frozen_params, names, "frozen_params", strict=False, graph=graph)
     both = sorted(set(trainable) & set(frozen))
     if both:
         raise ValueError(f"{both[0]!r} is listed both in requires_grad and in frozen_params"

@@ -33,7 +33,7 @@ from onnx import helper
 from onnxtrain.ir.passes import node_inputs
 from onnxtrain.ir.types import onnx_dtype
 
-__all__ = ["restore_torch_parameters", "folded_parameter"]
+__all__ = ["restore_torch_parameters", "folded_parameter", "tied_parameter"]
 
 FX_NODE = "pkg.torch.onnx.fx_node"
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
@@ -311,4 +311,32 @@ def folded_parameter(graph: onnx.GraphProto, name: str, initializers: Collection
         if call is not None and any(a is not None and a.lower() in wanted for a in call.args):
             weights = [x for x in node.input[1:] if x in initializers]
             return f"into the {node.op_type} node {node.name!r} (whose weights are now {weights})"
+    return None
+
+
+# The attribute of the torch module a call's argument is (``linear(x, self.weight, self.bias)``).
+_ATTRIBUTES = {("aten.linear", 1): "weight", ("aten.linear", 2): "bias", ("aten.embedding", 0): "weight",
+               ("aten.layer_norm", 2): "weight", ("aten.layer_norm", 3): "bias",
+               **{(conv, k): a for conv in ("aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.convolution")
+                  for k, a in ((1, "weight"), (2, "bias"))}}
+
+
+def tied_parameter(graph: onnx.GraphProto, name: str, initializers: Collection[str]) -> str | None:
+    """The initializer that the torch parameter ``name`` is, when torch ties it to another parameter and the
+    export kept the other's name (GPT-2's ``transformer.wte.weight`` is its ``lm_head.weight``): a node of the
+    module ``name`` belongs to reads it in that attribute's place. None when there is no such node."""
+    module, _, attribute = name.rpartition(".")
+    producers = {n.output[0]: n for n in graph.node if n.op_type == "Transpose" and n.output}
+    for node in graph.node:
+        call = fx_call(node) if any(p.key == FX_NODE for p in node.metadata_props) else None
+        if call is None or not call.scopes or call.scopes[-1] != module:
+            continue
+        for index, x in enumerate(node.input):
+            role = _role(node, index, call)
+            if role is None or _ATTRIBUTES.get((call.target, role.arg)) != attribute:
+                continue
+            if x not in initializers and x in producers:   # MatMul(x, Transpose(W))
+                x = producers[x].input[0]
+            if x in initializers:
+                return x
     return None
