@@ -5,9 +5,6 @@ Keys are (model, exporter) for every check of that export, or (model, exporter, 
 that passes fails the run. docs/models.md (python -m tests.zoo.report) has the whole matrix.
 """
 
-# GPT-2 ties the token embedding and the LM head; the dynamo export keeps one initializer for both, named
-# model.lm_head.weight, which this harness cannot map back to torch's two names (the gradient is trained once)
-_TIED = "AssertionError: not trained: ['model.transformer.wte.weight'] (tied to model.lm_head.weight in the export)"
 # inference-mode BatchNorm on a random network's running statistics (mean 0, variance 1): the first loss is ~245
 # and AdamW at the harness's learning rate diverges; the gradients themselves match torch (base, batch, size)
 _EFFNET_EVAL_DIVERGES = "AssertionError: loss did not decrease in 20 AdamW steps: 245.4 -> 1.682e+04"
@@ -66,6 +63,5 @@ EXPECTED_FAILURES: dict[tuple[str, ...], str] = {
     **{("efficientnet_b0", e, "trains"): _EFFNET_EVAL_DIVERGES for e in ("torchscript-eval", "dynamo")},
     **{("mobilevit_xxs", e, c): _MOBILEVIT_TRACED for e in ("torchscript-train", "torchscript-eval")
        for c in ("size", "exports")},
-    **{("gpt2", "dynamo", check): _TIED for check in ("base", "batch", "size", "exports")},
     ("t5_encoder", "dynamo"): _T5_DYNAMO,
 }

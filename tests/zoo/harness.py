@@ -218,8 +218,15 @@ def torch_loss_and_grads(run: Run, inputs, labels, dtype):
     out = model(*to_torch(inputs, dtype))
     loss = torch.nn.functional.cross_entropy(out, torch.from_numpy(labels))
     loss.backward()
-    return float(loss.detach()), {n: (None if p.grad is None else p.grad.double().numpy())
-                         for n, p in model.named_parameters()}
+    return float(loss.detach()), {n: (None if p.grad is None else p.grad.double().numpy())   # tied: every name
+                         for n, p in model.named_parameters(remove_duplicate=False)}
+
+
+def canonical_names(model) -> dict[str, str]:
+    """Each parameter name -> the first name of the same tensor (torch ties GPT-2's embedding and head: the
+    export may keep either name)."""
+    first: dict[int, str] = {}
+    return {n: first.setdefault(id(p), n) for n, p in model.named_parameters(remove_duplicate=False)}
 
 
 def float64_gradients(run: Run, inputs, labels) -> dict[str, np.ndarray]:
@@ -261,7 +268,8 @@ def gradient_error(run: Run, case: str, seed: int, exact_check: bool = False) ->
     # a few values per channel: Inception-v3's last blocks at 96 px, torch float32 2e-3 off its float64 loss)
     tolerance = max(1e-4 * abs(ref_loss), 5 * abs(loss32 - ref_loss)) + 1e-6
     assert abs(loss - ref_loss) <= tolerance, f"loss {loss:.6g}, torch {ref_loss:.6g} (float32: {loss32:.6g}; {case})"
-    used = {n for n, g in ref64.items() if g is not None}
+    canonical = canonical_names(run.model)
+    used = {canonical[n] for n, g in ref64.items() if g is not None}
     ours = {n for n, p in state.parameters if p.requires_grad}
     scale = np.sqrt(sum(float(np.sum(g * g)) for g in ref64.values() if g is not None))
     names = sorted(ours & set(ref64))
@@ -283,7 +291,9 @@ def gradient_error(run: Run, case: str, seed: int, exact_check: bool = False) ->
         if worst64[0] < FLOAT64_RTOL:
             ratio = 0.0
     if ratio < 1:  # the parameter sets are checked once the shared parameters' gradients are known to match
-        assert ours >= used, f"not trained: {sorted(used - ours)[:4]} (trainable: {len(ours)}, torch: {len(used)})"
+        trained = {canonical.get(n, n) for n in ours}
+        assert trained >= used, (f"not trained: {sorted(used - trained)[:4]} (trainable: {len(ours)}, torch: "
+                                 f"{len(used)})")
         assert ours <= set(ref64), (f"the other gradients match, but these non-parameters are trained: "
                                     f"{sorted(ours - set(ref64))[:4]}")
     return ratio, message
@@ -404,7 +414,7 @@ def check_exports(run: Run, folder: Path) -> None:
     reference = run.torch_model(torch.float32, training=False)
     weights = {n: p.data for n, p in state.parameters}  # (name, Parameter) pairs, as the peer's API
     weights.update({n: state.buffers[n] for n in state.buffers})
-    known = dict(reference.named_parameters()) | dict(reference.named_buffers())
+    known = dict(reference.named_parameters(remove_duplicate=False)) | dict(reference.named_buffers())
     with torch.no_grad():
         for n, value in weights.items():
             assert n in known, f"checkpoint entry {n!r} is no torch parameter or buffer"
