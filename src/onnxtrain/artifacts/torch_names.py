@@ -21,7 +21,6 @@ A BatchNorm folded into the convolution before it cannot be undone (its statisti
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import re
 from collections.abc import Collection
@@ -31,66 +30,22 @@ import onnx
 from onnx import helper
 
 from onnxtrain.ir.passes import node_inputs
+from onnxtrain.ir.torch_records import FX_NODE, FxCall, fx_call
 from onnxtrain.ir.types import onnx_dtype
 
 __all__ = ["restore_torch_parameters", "folded_parameter", "tied_parameter"]
 
-FX_NODE = "pkg.torch.onnx.fx_node"
-NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 ORIGINAL_NAME = "pkg.torch.onnx.original_node_name"
 FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 EXPORT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 
-_CALL = re.compile(r"target=([\w.]+)\]\(args = \((.*)\), kwargs = ")
 _KINDS = {"p_": "PARAMETER", "b_": "BUFFER"}
-
-
-@dataclasses.dataclass(frozen=True)
-class FxCall:
-    """The torch call a node was exported from: ``aten.linear`` and its arguments (``%``-names, or None)."""
-
-    target: str
-    args: tuple[str | None, ...]
-    scopes: tuple[str, ...]          # module paths, outermost first ('' is the root module)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Role:
     arg: int                         # which argument of the torch call the ONNX input is
     transposed: bool = False         # stored as that argument's transpose
-
-
-def fx_call(node: onnx.NodeProto) -> FxCall | None:
-    """The torch call recorded on ``node`` by the dynamo exporter, or None."""
-    meta = {p.key: p.value for p in node.metadata_props}
-    found = _CALL.search(meta.get(FX_NODE, ""))
-    if found is None:
-        return None
-    target = found.group(1).removeprefix("torch.ops.")
-    target = target.rsplit(".", 1)[0] if target.count(".") >= 2 else target     # aten.linear.default
-    try:
-        scopes = tuple(s for s in ast.literal_eval(meta.get(NAME_SCOPES, "[]"))[:-1] if isinstance(s, str))
-    except (ValueError, SyntaxError):
-        scopes = ()
-    return FxCall(target, tuple(_argument(a) for a in _split_arguments(found.group(2))), scopes)
-
-
-def _split_arguments(text: str) -> list[str]:
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _argument(text: str) -> str | None:
-    return text[1:] if re.fullmatch(r"%\w+", text) else None
 
 
 def _role(node: onnx.NodeProto, index: int, call: FxCall) -> _Role | None:

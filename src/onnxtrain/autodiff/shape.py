@@ -8,6 +8,7 @@ import onnx
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.registry import register, register_zero_gradient
 from onnxtrain.errors import UnsupportedOpError
+from onnxtrain.ir.torch_records import embedding_padding_index
 from onnxtrain.ir.types import np_dtype
 
 register_zero_gradient(
@@ -164,7 +165,8 @@ def slice_(ctx: GradContext):
 
 @register("Gather")
 def gather(ctx: GradContext):
-    """Add each row of dY into the row of X it was gathered from (embeddings: rows repeat, so add)."""
+    """Add each row of dY into the row of X it was gathered from (embeddings: rows repeat, so add); none into
+    the padding row of a torch Embedding whose export records one (ir/torch_records.py)."""
     data, indices = ctx.x
     axis = ctx.attr("axis", 0) % ctx.rank(data)
     rank_i = ctx.rank(indices)
@@ -175,6 +177,11 @@ def gather(ctx: GradContext):
     perm = [*range(axis, axis + rank_i), *range(axis), *range(axis + rank_i, out_rank)]
     if perm != list(range(out_rank)):
         dy = ctx.op.Transpose(dy, perm=perm)
+    padding = embedding_padding_index(ctx.node) if axis == 0 else None
+    if padding is not None:   # torch's Embedding(padding_idx=p): row p gets no gradient from this lookup
+        hit = ctx.op.Equal(indices, ctx.const_like(padding, indices))
+        hit = ctx.b.unsqueeze(hit, list(range(rank_i, out_rank))) if out_rank > rank_i else hit
+        dy = ctx.op.Where(hit, ctx.const_like(0.0, data), dy)
     dim = _axis_size(ctx, data, axis)
     idx = ctx.op.Where(ctx.op.Less(indices, ctx.const_like(0, indices)),
                        ctx.op.Add(indices, ctx.op.Cast(ctx.b.squeeze(dim, [0]), to=ctx.elem_type(indices))), indices)

@@ -1,0 +1,82 @@
+"""What torch's dynamo exporter records on each node: the torch call it came from and the module scopes.
+
+``torch.onnx.export(dynamo=True)`` writes, in each node's ``metadata_props``, the FX node it was made from
+(``pkg.torch.onnx.fx_node``: ``%linear : ... = call_function[target=torch.ops.aten.linear.default](args = (%x,
+%p_fc_weight, %p_fc_bias), kwargs = {})``, parameters as ``%p_<name>``, buffers as ``%b_<name>``) and the module
+scopes it ran in (``pkg.torch.onnx.name_scopes``). artifacts/torch_names.py gives parameters their torch names back
+from them; gradient rules read the arguments the ONNX op dropped (an embedding's ``padding_idx``).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+
+import onnx
+
+__all__ = ["FX_NODE", "NAME_SCOPES", "FxCall", "fx_call", "embedding_padding_index"]
+
+FX_NODE = "pkg.torch.onnx.fx_node"
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+
+_CALL = re.compile(r"target=([\w.]+)\]\(args = \((.*)\), kwargs = ")
+
+
+@dataclasses.dataclass(frozen=True)
+class FxCall:
+    """The torch call a node was exported from: ``aten.linear`` and its arguments (``%``-names, or None)."""
+
+    target: str
+    args: tuple[str | None, ...]     # the %-names, None for literals
+    scopes: tuple[str, ...]          # module paths, outermost first ('' is the root module)
+    texts: tuple[str, ...] = ()      # every argument as written
+
+
+def fx_call(node: onnx.NodeProto) -> FxCall | None:
+    """The torch call recorded on ``node`` by the dynamo exporter, or None."""
+    meta = {p.key: p.value for p in node.metadata_props}
+    found = _CALL.search(meta.get(FX_NODE, ""))
+    if found is None:
+        return None
+    target = found.group(1).removeprefix("torch.ops.")
+    target = target.rsplit(".", 1)[0] if target.count(".") >= 2 else target     # aten.linear.default
+    try:
+        scopes = tuple(s for s in ast.literal_eval(meta.get(NAME_SCOPES, "[]"))[:-1] if isinstance(s, str))
+    except (ValueError, SyntaxError):
+        scopes = ()
+    texts = tuple(_split_arguments(found.group(2)))
+    return FxCall(target, tuple(_argument(a) for a in texts), scopes, texts)
+
+
+def _split_arguments(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _argument(text: str) -> str | None:
+    return text[1:] if re.fullmatch(r"%\w+", text) else None
+
+
+def embedding_padding_index(node: onnx.NodeProto) -> int | None:
+    """The ``padding_idx`` of the ``torch.nn.Embedding`` a Gather was exported from (the row torch never
+    updates), or None: no record, or no padding index (-1)."""
+    if not any(p.key == FX_NODE for p in node.metadata_props):
+        return None
+    call = fx_call(node)
+    if call is None or call.target != "aten.embedding" or len(call.texts) < 3:
+        return None
+    try:
+        index = int(call.texts[2])
+    except ValueError:
+        return None
+    return index if index >= 0 else None
