@@ -1,22 +1,25 @@
 """torch's parameters back under their own names, in models from torch's dynamo exporter with its optimizer on.
 
 ``torch.onnx.export`` (``dynamo=True``, the default from torch 2.9) optimizes the graph by default
-(``optimize=True``), and two of its rewrites change what the initializers are:
+(``optimize=True``), and its rewrites change what the initializers are:
 
 - the weight of a Linear that reads a 3-D input (every transformer's projections) is stored transposed, under a
   name of the exporter's (``val_51`` for ``bert.encoder.layer.0.attention.self.query.weight``);
 - initializers with equal values are stored once: a freshly initialized model's zero biases and unit LayerNorm
-  weights become one tensor, which would train as one parameter where torch has several.
+  weights become one tensor, which would train as one parameter where torch has several;
+- a zero bias is dropped from its Gemm, Conv or LayerNormalization;
+- an eval-mode BatchNorm is folded into the convolution before it, and a parameter read through constant
+  indices or reshapes becomes a constant computed from it.
 
-The exporter records, on each node, the torch call it came from (``pkg.torch.onnx.fx_node``: the aten op and its
-arguments, parameters as ``%p_<name>``) and the module scopes (``pkg.torch.onnx.name_scopes``). From those,
-:func:`restore_torch_parameters` gives each parameter its torch name, values and layout back: a transposed weight
-becomes the torch weight read through a ``Transpose`` (the form the TorchScript exporter writes, which the
-gradient passes know), and a shared tensor becomes one initializer per parameter it stands for. Nothing is
-renamed when the metadata is missing or ambiguous, or when the name is taken by a tensor with other values.
+From what the exporter records on each node (ir/torch_records.py: the torch call, its ``%p_<name>`` arguments,
+the module scopes), :func:`restore_torch_parameters` gives each parameter its torch name, values and layout back:
+a transposed weight becomes the torch weight read through a ``Transpose`` (the form the TorchScript exporter
+writes, which the gradient passes know), a shared tensor one initializer per parameter it stands for, a dropped
+bias a zero initializer. Nothing is renamed when the record is missing or ambiguous, or when the name is taken by
+a tensor with other values (a weight torch ties stays one parameter).
 
-A BatchNorm folded into the convolution before it cannot be undone (its statistics are gone);
-:func:`folded_parameter` names the node it went into, for the error a ``requires_grad`` list gets.
+What cannot come back is named for the error a ``requires_grad`` list gets (:func:`folded_parameter`), and a tied
+weight's other torch name is resolved to the tensor the export kept (:func:`tied_parameter`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 EXPORT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
 
 _KINDS = {"p_": "PARAMETER", "b_": "BUFFER"}
+_CONVOLUTIONS = ("aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.convolution")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +67,7 @@ def _role(node: onnx.NodeProto, index: int, call: FxCall) -> _Role | None:
         return _Role(0)
     if target == "aten.layer_norm" and op == "LayerNormalization" and index in (1, 2):
         return _Role(index + 1)
-    if target in ("aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.convolution") and op == "Conv" and index in (1, 2):
+    if target in _CONVOLUTIONS and op == "Conv" and index in (1, 2):
         return _Role(index)
     return None
 
@@ -155,10 +159,10 @@ def restore_torch_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarr
     del graph.node[:]
     graph.node.extend(nodes)
     read = {x for n in graph.node for x in node_inputs(n)} | {o.name for o in graph.output}
-    gone = [w for w in weights if w not in read]
+    gone = {w for w in weights if w not in read}
     for name in gone:
         del weights[name]
-    infos = [v for v in graph.value_info if v.name not in set(gone)]
+    infos = [v for v in graph.value_info if v.name not in gone]
     del graph.value_info[:]
     graph.value_info.extend(infos)
     return [n for n in added if n in weights]
@@ -166,7 +170,7 @@ def restore_torch_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarr
 
 # (torch call, ONNX op) whose bias the optimizer drops when it is zero: the bias's ONNX input and torch argument
 _BIASES = {("aten.linear", "Gemm"): (2, 2), ("aten.layer_norm", "LayerNormalization"): (2, 3),
-           **{(conv, "Conv"): (2, 2) for conv in ("aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.convolution")}}
+           **{(conv, "Conv"): (2, 2) for conv in _CONVOLUTIONS}}
 
 
 def _bias_size(node: onnx.NodeProto, weights: dict[str, np.ndarray]) -> int | None:
@@ -272,8 +276,7 @@ def folded_parameter(graph: onnx.GraphProto, name: str, initializers: Collection
 # The attribute of the torch module a call's argument is (``linear(x, self.weight, self.bias)``).
 _ATTRIBUTES = {("aten.linear", 1): "weight", ("aten.linear", 2): "bias", ("aten.embedding", 0): "weight",
                ("aten.layer_norm", 2): "weight", ("aten.layer_norm", 3): "bias",
-               **{(conv, k): a for conv in ("aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.convolution")
-                  for k, a in ((1, "weight"), (2, "bias"))}}
+               **{(conv, k): a for conv in _CONVOLUTIONS for k, a in ((1, "weight"), (2, "bias"))}}
 
 
 def tied_parameter(graph: onnx.GraphProto, name: str, initializers: Collection[str]) -> str | None:
