@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from onnxtrain.artifacts.torch_names import folded_parameter, tied_parameter
+from onnxtrain.artifacts.torch_names import folded_parameter, tied_parameters
 from onnxtrain.ir.passes import ancestors, node_inputs
 from onnxtrain.ir.types import FLOAT_TYPES
 
@@ -68,14 +68,15 @@ def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str, s
         raise TypeError(f"{what} must be a list of names, got the string {names!r}")
     out: list[str] = []
     skipped: list[str] = []
+    tied: dict[str, str] | None = None   # read from the torch records once, at the first name not found
     for name in names:
         if not isinstance(name, str):
             raise TypeError(f"{what}: parameter names must be strings, got {name!r}")
         hits = [c for c in candidates if c == name] or (
             [c for c in candidates if fnmatch.fnmatchcase(c, name)] if any(ch in name for ch in "*?[") else [])
-        tied = tied_parameter(graph, name, candidates) if not hits and graph is not None else None
-        if tied is not None:   # torch ties it to a parameter the export named: the same tensor
-            hits = [tied]
+        if not hits and graph is not None:   # torch ties it to a parameter the export named: the same tensor
+            tied = tied_parameters(graph, set(candidates)) if tied is None else tied
+            hits = [tied[name]] if name in tied else []
         if not hits and not strict:
             skipped.append(name)
             continue

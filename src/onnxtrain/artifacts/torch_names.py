@@ -36,7 +36,7 @@ from onnxtrain.ir.passes import node_inputs
 from onnxtrain.ir.torch_records import FX_NODE, FxCall, fx_call
 from onnxtrain.ir.types import onnx_dtype
 
-__all__ = ["restore_torch_parameters", "folded_parameter", "tied_parameter"]
+__all__ = ["restore_torch_parameters", "folded_parameter", "tied_parameters"]
 
 ORIGINAL_NAME = "pkg.torch.onnx.original_node_name"
 FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
@@ -279,22 +279,24 @@ _ATTRIBUTES = {("aten.linear", 1): "weight", ("aten.linear", 2): "bias", ("aten.
                **{(conv, k): a for conv in _CONVOLUTIONS for k, a in ((1, "weight"), (2, "bias"))}}
 
 
-def tied_parameter(graph: onnx.GraphProto, name: str, initializers: Collection[str]) -> str | None:
-    """The initializer that the torch parameter ``name`` is, when torch ties it to another parameter and the
-    export kept the other's name (GPT-2's ``transformer.wte.weight`` is its ``lm_head.weight``): a node of the
-    module ``name`` belongs to reads it in that attribute's place. None when there is no such node."""
-    module, _, attribute = name.rpartition(".")
+def tied_parameters(graph: onnx.GraphProto, initializers: Collection[str]) -> dict[str, str]:
+    """Torch parameter name -> the initializer a node of its module reads in that attribute's place, for the
+    names that are no initializer: a parameter torch ties to another whose name the export kept (GPT-2's
+    ``transformer.wte.weight`` is its ``lm_head.weight``). One walk over the nodes' records."""
     producers = {n.output[0]: n for n in graph.node if n.op_type == "Transpose" and n.output}
+    found: dict[str, str] = {}
     for node in graph.node:
         call = fx_call(node) if any(p.key == FX_NODE for p in node.metadata_props) else None
-        if call is None or not call.scopes or call.scopes[-1] != module:
+        if call is None or not call.scopes:
             continue
         for index, x in enumerate(node.input):
             role = _role(node, index, call)
-            if role is None or _ATTRIBUTES.get((call.target, role.arg)) != attribute:
+            attribute = _ATTRIBUTES.get((call.target, role.arg)) if role is not None else None
+            if attribute is None:
                 continue
             if x not in initializers and x in producers:   # MatMul(x, Transpose(W))
                 x = producers[x].input[0]
-            if x in initializers:
-                return x
-    return None
+            name = f"{call.scopes[-1]}.{attribute}"
+            if x in initializers and name not in initializers:
+                found.setdefault(name, x)
+    return found
