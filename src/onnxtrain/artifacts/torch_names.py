@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import Counter
 from collections.abc import Collection
 
 import numpy as np
@@ -59,8 +60,7 @@ def _role(node: onnx.NodeProto, index: int, call: FxCall) -> _Role | None:
         if op == "MatMul" and index == 1:
             return _Role(1, transposed=True)
         if op == "Gemm" and index in (1, 2):
-            trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-            return _Role(index, transposed=index == 1 and not trans_b)
+            return _Role(index, transposed=index == 1 and not _trans_b(node))
         if op == "Add":
             return _Role(2)
     if target == "aten.embedding" and op == "Gather" and index == 0:
@@ -70,6 +70,10 @@ def _role(node: onnx.NodeProto, index: int, call: FxCall) -> _Role | None:
     if target in _CONVOLUTIONS and op == "Conv" and index in (1, 2):
         return _Role(index)
     return None
+
+
+def _trans_b(gemm: onnx.NodeProto) -> int:
+    return next((a.i for a in gemm.attribute if a.name == "transB"), 0)
 
 
 def _placeholder_of(node: onnx.NodeProto, index: int, call: FxCall, weights: dict[str, np.ndarray],
@@ -179,8 +183,7 @@ def _bias_size(node: onnx.NodeProto, weights: dict[str, np.ndarray]) -> int | No
     if w is None:
         return None
     if node.op_type == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return w.shape[0] if trans_b else w.shape[1] if w.ndim == 2 else None
+        return w.shape[0] if _trans_b(node) else w.shape[1] if w.ndim == 2 else None
     if node.op_type == "Conv":
         return w.shape[0] if w.ndim >= 3 else None
     return w.shape[0] if w.ndim == 1 else None
@@ -192,10 +195,7 @@ def _restore_dropped_biases(graph: onnx.GraphProto, weights: dict[str, np.ndarra
     zero initializer: the node computes a whole torch call (no other node has its record) that has a bias
     argument, and reads no bias."""
     records = [next((p.value for p in n.metadata_props if p.key == FX_NODE), None) for n in graph.node]
-    count: dict[str, int] = {}
-    for r in records:
-        if r is not None:
-            count[r] = count.get(r, 0) + 1
+    count = Counter(r for r in records if r is not None)
     added: dict[str, tuple[str, bool]] = {}
     for node, record in zip(graph.node, records):
         if record is None or count[record] != 1:

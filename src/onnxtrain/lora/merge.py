@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from onnxtrain.errors import LoRAError
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, node_inputs
+from onnxtrain.ir.passes import clone, node_inputs, reader_index
 from onnxtrain.lora.config import Adapter, LoRAMeta
 
 __all__ = ["MergeAdapters", "merged_weight"]
@@ -95,13 +95,11 @@ def _in_place_weights(graph: onnx.GraphProto, meta: LoRAMeta) -> set[str]:
     for a in meta.adapters:
         pairs.setdefault(a.weight, set()).add((a.A, a.B))
         bases.setdefault(a.weight, set()).add(a.base_output)
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in graph.node:
-        for x in node_inputs(n):
-            readers.setdefault(x, []).append(n)
+    readers = reader_index(map(node_inputs, graph.node))
 
     def feeds_only_bases(n: onnx.NodeProto, w: str) -> bool:   # W's Transpose, read by the base nodes only
-        return n.op_type == "Transpose" and all(r.output[0] in bases[w] for r in readers.get(n.output[0], []))
+        return n.op_type == "Transpose" and all(graph.node[k].output[0] in bases[w]
+                                                for k in readers.get(n.output[0], []))
 
     shared = {x for n in graph.node if n.name not in adapter_nodes for x in node_inputs(n)
               if x in bases and n.output[0] not in bases[x] and not feeds_only_bases(n, x)}
