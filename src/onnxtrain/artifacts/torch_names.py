@@ -266,7 +266,7 @@ def folded_parameter(graph: onnx.GraphProto, name: str, initializers: Collection
             return f"into the constant {info.name!r}, computed from it"
     wanted = {prefix + _mangled(name) for prefix in _KINDS}
     for node in graph.node:
-        call = fx_call(node) if any(p.key == FX_NODE for p in node.metadata_props) else None
+        call = fx_call(node)
         if call is not None and any(a is not None and a.lower() in wanted for a in call.args):
             weights = [x for x in node.input[1:] if x in initializers]
             return f"into the {node.op_type} node {node.name!r} (whose weights are now {weights})"
@@ -286,7 +286,7 @@ def tied_parameters(graph: onnx.GraphProto, initializers: Collection[str]) -> di
     producers = {n.output[0]: n for n in graph.node if n.op_type == "Transpose" and n.output}
     found: dict[str, str] = {}
     for node in graph.node:
-        call = fx_call(node) if any(p.key == FX_NODE for p in node.metadata_props) else None
+        call = fx_call(node)
         if call is None or not call.scopes:
             continue
         for index, x in enumerate(node.input):

@@ -35,10 +35,11 @@ class FxCall:
 
 def fx_call(node: onnx.NodeProto) -> FxCall | None:
     """The torch call recorded on ``node`` by the dynamo exporter, or None."""
-    meta = {p.key: p.value for p in node.metadata_props}
-    found = _CALL.search(meta.get(FX_NODE, ""))
+    record = next((p.value for p in node.metadata_props if p.key == FX_NODE), None)
+    found = _CALL.search(record) if record is not None else None
     if found is None:
         return None
+    meta = {p.key: p.value for p in node.metadata_props}
     target = found.group(1).removeprefix("torch.ops.")
     target = target.rsplit(".", 1)[0] if target.count(".") >= 2 else target     # aten.linear.default
     try:
@@ -70,8 +71,6 @@ def _argument(text: str) -> str | None:
 def embedding_padding_index(node: onnx.NodeProto) -> int | None:
     """The ``padding_idx`` of the ``torch.nn.Embedding`` a Gather was exported from (the row torch never
     updates), or None: no record, or no padding index (-1)."""
-    if not any(p.key == FX_NODE for p in node.metadata_props):
-        return None
     call = fx_call(node)
     if call is None or call.target != "aten.embedding" or len(call.texts) < 3:
         return None
