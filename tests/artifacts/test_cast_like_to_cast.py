@@ -8,7 +8,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxtrain.artifacts import generate_artifacts
+from onnxtrain.artifacts import LossType, generate_artifacts
 from onnxtrain.artifacts.passes import CastLikeToCast
 from onnxtrain.artifacts.source import load_source_model
 
@@ -54,6 +54,6 @@ def test_a_castlike_to_a_declared_type_becomes_a_cast():
 def test_generate_artifacts_reads_the_source_with_casts(tmp_path):
     source = load_source_model(_model())
     assert [n.op_type for n in source.model.graph.node].count("CastLike") == 1
-    generate_artifacts(_model(), requires_grad=[], artifact_directory=tmp_path)
+    generate_artifacts(_model(), requires_grad=[], loss=LossType.MSELoss, artifact_directory=tmp_path)
     eval_model = onnx.load(tmp_path / "eval_model.onnx")
     assert "bias_type" in {n.name for n in eval_model.graph.node if n.op_type == "Cast"}

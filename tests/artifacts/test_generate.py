@@ -625,3 +625,23 @@ def test_an_artifact_directory_that_is_a_file_is_named(tmp_path):
     with pytest.raises(NotADirectoryError, match="artifact_directory .*artifacts' is a file, not a folder"):
         generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, artifact_directory=taken)
     assert taken.read_text() == "a user's file"
+
+
+def test_a_loss_that_is_not_one_number_is_refused_at_generation(tmp_path):
+    """loss=None takes the model's output as the loss: one of shape [batch, classes] used to generate and fail
+    at the first step with onnxruntime's "Invalid rank for output"; a loss block without a reduction likewise."""
+    with pytest.raises(ValueError, match=r"loss=None takes the model's output 'output' as the loss, but it has "
+                                         r"shape \['batch', 4\], not one number"):
+        generate_artifacts(models.mlp(), loss=None, optimizer=OptimType.SGD, artifact_directory=tmp_path)
+    with pytest.raises(ValueError, match=r"the loss block MSELoss gives a loss of shape \['batch', 4\], not one "
+                                         r"number"):
+        generate_artifacts(models.mlp(), loss=blocks.MSELoss(reduction="none"), optimizer=OptimType.SGD,
+                           artifact_directory=tmp_path)
+    assert not any(tmp_path.iterdir())
+    # one number kept in a [1, 1] tensor is a loss
+    model = models.mlp()
+    model.graph.node.append(onnx.helper.make_node("ReduceMean", [model.graph.output[0].name], ["mean"], keepdims=1))
+    model.graph.output[0].CopyFrom(onnx.helper.make_tensor_value_info("mean", onnx.TensorProto.FLOAT, [1, 1]))
+    generate_artifacts(model, loss=None, optimizer=OptimType.SGD, artifact_directory=tmp_path)
+    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    assert np.isfinite(Module(tmp_path / "training_model.onnx", state)(np.ones((3, 8), np.float32)))

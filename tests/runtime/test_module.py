@@ -63,7 +63,17 @@ def test_ortvalue_in_ortvalue_out(mlp_dir, rng):
     x, y = batch(rng)
     loss, _ = module(ort.OrtValue.ortvalue_from_numpy(x), ort.OrtValue.ortvalue_from_numpy(y))
     assert isinstance(loss, ort.OrtValue)
+    assert loss.shape() == [] and isinstance(float(loss.numpy()), float)  # a scalar, as with numpy feeds
     np.testing.assert_allclose(loss.numpy(), module(x, y)[0], rtol=1e-6)
+
+
+def test_one_numpy_input_gives_numpy_outputs_in_a_tuple(mlp_dir, rng):
+    """As the peer: OrtValues come back only when no input is a numpy array; several outputs are a tuple."""
+    _, module = load(mlp_dir)
+    x, y = batch(rng)
+    out = module(ort.OrtValue.ortvalue_from_numpy(x), y)
+    assert isinstance(out, tuple) and all(isinstance(o, np.ndarray) for o in out)
+    assert out[0].shape == ()
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", "gpu", "tpu"])
@@ -234,6 +244,54 @@ def test_parameters_and_properties(mlp_dir):
     with pytest.raises(TypeError):
         state.properties["bad"] = [1]
     assert dict(state.properties) == {"epoch": 3, "name": "user-1", "lr": 0.5}
+
+
+def test_properties_take_numpy_scalars_and_bools_as_the_peer_does(mlp_dir, tmp_path):
+    """Metric-logging scripts store numpy scalars (``(pred == y).sum()``) and flags; they load back as Python
+    numbers (a bool as 1 or 0, as the peer stores it). An int beyond int64 is refused when set, not at saving."""
+    state, _ = load(mlp_dir)
+    pred = np.array([1, 2, 3])
+    state.properties["correct"] = (pred == np.array([1, 2, 0])).sum()
+    state.properties["accuracy"] = np.float32(0.75)
+    state.properties["done"] = True
+    state.properties["tag"] = np.str_("run-7")
+    with pytest.raises(ValueError, match="'seed' = 18446744073709551615 does not fit in int64"):
+        state.properties["seed"] = 2**64 - 1
+    with pytest.raises(TypeError, match="'vec' must be an int, float or str"):
+        state.properties["vec"] = np.arange(3)
+    CheckpointState.save_checkpoint(state, tmp_path / "c")
+    back = dict(CheckpointState.load_checkpoint(tmp_path / "c").properties)
+    assert back == {"correct": 2, "accuracy": 0.75, "done": 1, "tag": "run-7"}
+    assert [type(v) for v in back.values()] == [int, float, int, str]
+
+
+def test_parameter_data_and_grad_are_read_only_copies(mlp_dir, rng):
+    """Editing ``.data`` in place would change nothing (it is a copy), so it raises instead of being lost;
+    assigning ``.data`` is how a value is written."""
+    state, module = load(mlp_dir)
+    module(*batch(rng))
+    p = state.parameters["fc2.bias"]
+    with pytest.raises(ValueError, match="read-only"):
+        p.data[:] = 0
+    with pytest.raises(ValueError, match="read-only"):
+        p.grad[:] = 0
+    p.data = np.zeros(4, np.float32)
+    np.testing.assert_array_equal(state.parameters["fc2.bias"].data, np.zeros(4))
+
+
+def test_a_frozen_scalar_parameter_keeps_its_shape(tmp_path, rng):
+    """A 0-d frozen parameter (a fixed temperature) stays 0-d in the runtime; it used to become [1] and the Module
+    refused its own checkpoint."""
+    model = models.mlp()
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array(2.0, np.float32), "temperature"))
+    out = model.graph.output[0].name
+    model.graph.node[-1].output[0] = "logits"
+    model.graph.node.append(onnx.helper.make_node("Mul", ["logits", "temperature"], [out]))
+    generate_artifacts(model, requires_grad=["fc2.weight"], frozen_params=["temperature"],
+                       loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD, artifact_directory=tmp_path)
+    state, module = load(tmp_path)
+    assert state.parameters["temperature"].data.shape == ()
+    assert np.isfinite(module(*batch(rng)))
 
 
 @pytest.mark.parametrize("device", ["cpu", "reference"])

@@ -68,6 +68,42 @@ def test_resume_in_a_fresh_process_is_bit_exact(optimizer, tmp_path):
     assert not np.array_equal(initial.trainable["conv.weight"], straight.trainable["conv.weight"])
 
 
+def test_resume_without_optimizer_state_starts_a_fresh_optimizer(tmp_path):
+    """A checkpoint saved without the optimizer state holds no moments, so the optimizer restarts: step 0, and the
+    first AdamW update after loading is a first step's, about lr * sign(g) (with the moments empty and the step
+    kept, the bias correction of step 4 made it 0.58 times that), as with the peer and torch."""
+    generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=blocks.AdamW(weight_decay=0.0),
+                       artifact_directory=tmp_path)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((16, 8)).astype(np.float32), rng.integers(0, 4, 16).astype(np.int64)
+    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    module = Module(tmp_path / "training_model.onnx", state)
+    opt = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    for _ in range(3):
+        module(x, y)
+        opt.step()
+        module.lazy_reset_grad()
+    CheckpointState.save_checkpoint(state, tmp_path / "weights_only")
+    assert state.step == 3  # saving does not change the live state
+
+    resumed = CheckpointState.load_checkpoint(tmp_path / "weights_only")
+    assert resumed.step == 0
+    module = Module(tmp_path / "training_model.onnx", resumed)
+    opt = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    lr = 1e-3
+    opt.set_learning_rate(lr)
+    before = resumed.parameters["fc1.weight"].data
+    module(x, y)
+    grad = resumed.parameters["fc1.weight"].grad
+    opt.step()
+    step = resumed.parameters["fc1.weight"].data - before
+    # step 1 of AdamW ("hf": epsilon outside the bias correction): lr * g / (|g| + eps / sqrt(1 - beta2))
+    first = -lr * grad / (np.abs(grad) + 1e-6 / np.sqrt(1 - 0.999))
+    np.testing.assert_allclose(step, first, rtol=1e-3, atol=1e-8)
+    assert np.abs(step).max() > 0.5 * lr
+    assert resumed.step == 1
+
+
 @pytest.fixture
 def optimizer(tmp_path):
     generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD,

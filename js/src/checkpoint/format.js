@@ -199,14 +199,16 @@ function decodeProperty(name, kind, text) {
 /**
  * The bytes of a checkpoint file, identical to what onnxtrain.checkpoint.save_checkpoint writes for the same data.
  * @param {CheckpointData} data
- * @param {boolean} includeOptimizerState false leaves out the optimizer state (the step is kept)
+ * @param {boolean} includeOptimizerState false leaves out the optimizer state and saves step 0 (the step goes
+ *   with the state: a run resumed from the file starts a fresh optimizer, as in Python)
  * @returns {Uint8Array}
  */
 export function saveCheckpoint(data, includeOptimizerState = true) {
   let tensors = data.tensors();
   if (!includeOptimizerState) tensors = new Map([...tensors].filter(([key]) => !key.startsWith('optimizer/')));
   const specs = new Map([...tensors].map(([key, t]) => [key, { dtype: t.dtype, shape: t.shape }]));
-  const text = encodeMetadata(specs, data.step, data.properties, false, tensorsSha256(tensors.values()));
+  const step = includeOptimizerState ? data.step : 0;
+  const text = encodeMetadata(specs, step, data.properties, false, tensorsSha256(tensors.values()));
   return writeSafetensors(tensors, { [METADATA_KEY]: text });
 }
 

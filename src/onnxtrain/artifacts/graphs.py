@@ -15,6 +15,7 @@ from onnxtrain import conventions as names
 from onnxtrain.artifacts.params import ParameterPlan
 from onnxtrain.artifacts.passes import DropUnreadIndices, EvalMode, PoolBeforeRelu
 from onnxtrain.autodiff import build_gradients
+from onnxtrain.blocks import ops
 from onnxtrain.blocks.base import Block, BuildContext
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.errors import UnknownShapeError
@@ -102,6 +103,21 @@ def _add_loss(model: onnx.ModelProto, fwd: onnx.GraphProto, infos: dict[str, Ten
     if not _rename_value(lb.nodes, loss_out, loss_name):  # the loss node writes the output itself
         lb.node("Identity", [loss_out], [loss_name])
     return lb, list(bctx.new_inputs), loss_name
+
+
+def _check_scalar_loss(info: TensorInfo | None, loss: Block, first_input: str) -> None:
+    """ValueError unless the loss holds one number (shape (), [1], [1, 1]...); a loss of unknown shape is left to the
+    run. ``loss``: the block (an Identity for ``loss=None``, whose loss is the model's value ``first_input``)."""
+    if info is None or info.shape is None or all(d == 1 for d in info.shape):
+        return
+    shape = [d if d is not None else "?" for d in info.shape]
+    if isinstance(loss, ops.Identity):
+        raise ValueError(f"loss=None takes the model's output {first_input!r} as the loss, but it has shape {shape}, "
+                         "not one number; pass a loss (e.g. loss=LossType.CrossEntropyLoss) to compute one from it, "
+                         "or name the model's scalar loss output in loss_input_names")
+    raise ValueError(f"the loss block {type(loss).__name__} gives a loss of shape {shape}, not one number: a loss "
+                     "must reduce to a scalar (reduction='mean' or 'sum', or a ReduceMean/ReduceSum in a custom "
+                     "block)")
 
 
 def _with_loss_infos(model: onnx.ModelProto, infos: dict[str, TensorInfo], full: onnx.GraphProto,
@@ -203,6 +219,8 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     forward_nodes = _copy_nodes(full.node)  # the gradient rules add outputs to them
     infos = (infer_tensor_info(_model(model, full, {})) if pooled.modified
              else _with_loss_infos(model, infos, full, lb, labels))
+
+    _check_scalar_loss(infos.get(loss_name), loss, loss_inputs[0])
 
     full_names = used_names(full)
     gb = GraphBuilder(default_opset(model), taken=full_names, prefix="grad/")

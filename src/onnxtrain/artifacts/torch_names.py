@@ -154,7 +154,7 @@ def restore_torch_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarr
                 node.input[index] = name
             if name not in weights:
                 values = weights[x].T if role.transposed else weights[x]
-                weights[name] = np.ascontiguousarray(values).copy()
+                weights[name] = np.array(values, order="C")
                 graph.value_info.append(_declaration(name, weights[name], placeholder))
     added.update(_restore_dropped_biases(graph, weights, known, taken))
     if not added:

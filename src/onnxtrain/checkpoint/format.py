@@ -40,7 +40,9 @@ def save_checkpoint(data: CheckpointData, path: str | os.PathLike[str], include_
     Args:
         data: the checkpoint; a nominal one stores only the dtypes and shapes in ``data.specs``.
         path: the file to write; its directory must exist.
-        include_optimizer_state: False leaves out ``data.optimizer`` (``data.step`` is still saved).
+        include_optimizer_state: False leaves out ``data.optimizer`` and saves step 0: the optimizer's step
+            goes with its state, so a run resumed from this file starts a fresh optimizer (zero moments, step 0,
+            AdamW's bias correction from its start), as the peer's and torch's do.
 
     Raises:
         TypeError: a tensor is not a numpy array of a supported dtype, or a property is not int, float or str.
@@ -65,7 +67,8 @@ def checkpoint_pieces(data: CheckpointData, include_optimizer_state: bool = True
     if not include_optimizer_state:
         tensors = {key: array for key, array in tensors.items() if not key.startswith("optimizer/")}
         specs = {key: spec for key, spec in specs.items() if not key.startswith("optimizer/")}
-    text = encode_metadata(specs, data.step, data.properties, data.nominal, tensors_sha256(tensors.values()))
+    step = data.step if include_optimizer_state else 0
+    text = encode_metadata(specs, step, data.properties, data.nominal, tensors_sha256(tensors.values()))
     return safetensors_pieces(tensors, {METADATA_KEY: text})
 
 

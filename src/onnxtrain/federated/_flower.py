@@ -27,7 +27,7 @@ logger = logging.getLogger("flwr.onnxtrain")
 
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     """An ArrayRecord holding ``arrays`` in their order."""
-    return ArrayRecord({name: Array(np.ascontiguousarray(value)) for name, value in arrays.items()})
+    return ArrayRecord({name: Array(np.asarray(value, order="C")) for name, value in arrays.items()})
 
 
 def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:

@@ -41,14 +41,14 @@ def write_peft_adapter(meta: LoRAMeta, values: Mapping[str, np.ndarray], output_
     tensors: dict[str, np.ndarray] = {}
     for module in meta.modules:
         for name in adapter_param_names(module):
-            tensors[PEFT_PREFIX + name] = np.ascontiguousarray(values[name])
+            tensors[PEFT_PREFIX + name] = np.asarray(values[name], order="C")
     modules_to_save: list[str] = []
     skipped = []
     for name, value in (extra or {}).items():
         if name.startswith("onnx::") or "." not in name:
             skipped.append(name)
             continue
-        tensors[PEFT_PREFIX + name] = np.ascontiguousarray(value)
+        tensors[PEFT_PREFIX + name] = np.asarray(value, order="C")
         modules_to_save.append(name.rsplit(".", 1)[0])
     if skipped:
         logger.warning("not in the PEFT adapter (no torch parameter name): %s", ", ".join(skipped[:5]))

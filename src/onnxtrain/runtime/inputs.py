@@ -111,7 +111,7 @@ def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what
                                          f"earlier input has {want}={symbols[want]}")
         if labels and meta.name in labels:
             _check_labels(meta.name, array, labels[meta.name], what)
-        arrays.append(array if array.flags.c_contiguous else np.ascontiguousarray(array))
+        arrays.append(array if array.flags.c_contiguous else np.asarray(array, order="C"))
     return arrays
 
 
@@ -119,7 +119,7 @@ def owned_ortvalue(array: np.ndarray):
     """An OrtValue holding its own copy of ``array`` (``ortvalue_from_numpy`` borrows the numpy memory)."""
     import onnxruntime as ort
 
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array, order="C")  # not ascontiguousarray: it makes a 0-d loss 1-d
     value = ort.OrtValue.ortvalue_from_shape_and_type(array.shape, array.dtype, "cpu")
     value.update_inplace(array)
     return value

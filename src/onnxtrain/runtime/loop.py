@@ -143,8 +143,8 @@ def num_batches(n: int, batch_size: int, drop_last: bool = False) -> int:
 
 
 def _split_outputs(out) -> tuple[float, np.ndarray | None]:
-    """A Module call returns the loss alone, or [loss, *additional outputs]; the first extra is the predictions."""
-    if isinstance(out, list):
+    """A Module call returns the loss alone, or (loss, *additional outputs); the first extra is the predictions."""
+    if isinstance(out, (list, tuple)):
         return float(out[0]), (out[1] if len(out) > 1 else None)
     return float(out), None
 

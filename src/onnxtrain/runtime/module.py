@@ -81,12 +81,13 @@ class Module:
 
     def __call__(self, *user_inputs):
         self.training_run.values.require_loaded()
-        ort_values = any(map(_is_ortvalue, user_inputs))
-        arrays = [v.numpy() if _is_ortvalue(v) else v for v in user_inputs] if ort_values else user_inputs
+        given_ortvalues = any(map(_is_ortvalue, user_inputs))
+        arrays = [v.numpy() if _is_ortvalue(v) else v for v in user_inputs] if given_ortvalues else user_inputs
         outputs = self._train_step(arrays) if self.training else self._eval_step(arrays)
-        if ort_values:
+        # as the peer: OrtValues out for OrtValues in, numpy arrays as soon as one input is a numpy array
+        if given_ortvalues and not any(isinstance(v, np.ndarray) for v in user_inputs):
             outputs = [owned_ortvalue(o) for o in outputs]
-        return outputs[0] if len(outputs) == 1 else outputs
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _train_step(self, arrays) -> list[np.ndarray]:
         run = self.training_run

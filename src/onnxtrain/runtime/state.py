@@ -25,8 +25,12 @@ class Parameter:
 
     @property
     def data(self) -> np.ndarray:
-        """A copy of the parameter's current value."""
-        return self._values.value(self.name).copy()
+        """A read-only copy of the parameter's current value; assign ``parameter.data = array`` to change it.
+
+        The peer returns a view of its buffer, which a script may edit in place (``p.data[:] = 0``). Here the
+        parameter's memory may be swapped for a prepared update at the next ``optimizer.step()``, so an edit of a
+        view could be lost; editing the copy raises numpy's "read-only" ValueError instead of doing nothing."""
+        return _read_only(self._values.value(self.name).copy())
 
     @data.setter
     def data(self, value: np.ndarray) -> None:
@@ -34,10 +38,10 @@ class Parameter:
 
     @property
     def grad(self) -> np.ndarray | None:
-        """A copy of the accumulated gradient (None for frozen parameters)."""
+        """A read-only copy of the accumulated gradient (None for frozen parameters)."""
         if not self.requires_grad:
             return None
-        return self._values.gradient(self.name).copy()
+        return _read_only(self._values.gradient(self.name).copy())
 
     def __repr__(self) -> str:
         value = self._values.value(self.name)
@@ -133,9 +137,7 @@ class Properties:
     def __setitem__(self, key: str, value) -> None:
         if not isinstance(key, str):
             raise TypeError(f"property names must be str, got {key!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise TypeError(f"property {key!r} must be an int, float or str, got {type(value).__name__}")
-        self._values[key] = value
+        self._values[key] = _property_value(key, value)
 
     def __delitem__(self, key: str) -> None:
         del self._values[key]
@@ -163,6 +165,32 @@ class Properties:
 
     def __repr__(self) -> str:
         return f"Properties({self._values!r})"
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+_INT64 = np.iinfo(np.int64)
+
+
+def _property_value(key: str, value: object) -> int | float | str:
+    """``value`` as the int, float or str a checkpoint stores: numpy scalars (``(pred == y).sum()``) become
+    Python numbers and a bool an int (1 or 0), as the peer stores them; an int must fit in int64."""
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, np.generic) and isinstance(value, (np.integer, np.floating, np.str_)):
+        value = value.item()
+    if isinstance(value, int):
+        if not _INT64.min <= value <= _INT64.max:
+            raise ValueError(f"property {key!r} = {value} does not fit in int64, as checkpoint ints must; "
+                             "store it as a str or a float")
+        return value
+    if isinstance(value, (float, str)):
+        return value
+    raise TypeError(f"property {key!r} must be an int, float or str (or a numpy scalar of one), got "
+                    f"{type(value).__name__}")
 
 
 class CheckpointState:

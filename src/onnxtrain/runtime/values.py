@@ -52,8 +52,8 @@ class TrainingValues:
         self.grads = FlatStorage(layout, dtype, copies=1)
         for name, value in data.trainable.items():
             self.params.views()[name][...] = value
-        self.frozen = {n: np.ascontiguousarray(a) for n, a in data.frozen.items()}
-        self.buffers = {n: np.ascontiguousarray(a) for n, a in data.buffers.items()}
+        self.frozen = {n: np.asarray(a, order="C") for n, a in data.frozen.items()}
+        self.buffers = {n: np.asarray(a, order="C") for n, a in data.buffers.items()}
         self.properties = dict(data.properties)
         self.version = 0
         self.frozen_version = 0

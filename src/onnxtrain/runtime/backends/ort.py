@@ -144,7 +144,7 @@ class OrtSession(Session):
                  memory_arena: bool = True, constants: Mapping[str, np.ndarray] | None = None):
         super().__init__(model)
         # Initializers whose data the session takes from these arrays (kept alive as long as the session).
-        self._constants = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
+        self._constants = [ort.OrtValue.ortvalue_from_numpy(np.asarray(a, order="C"))
                            for a in (constants or {}).values()]
         if constants:
             session_options = copy_session_options(session_options)
@@ -206,7 +206,7 @@ class OrtSession(Session):
             if name in self.input_names:
                 # bind_cpu_input binds the array's memory (and keeps a reference to it) without building a
                 # Python OrtValue: a few microseconds per feed less, on every step of a small model.
-                io.bind_cpu_input(name, np.ascontiguousarray(array))
+                io.bind_cpu_input(name, np.asarray(array, order="C"))
         # Fetched outputs are re-bound on every run: after a run the binding holds the OrtValues it allocated,
         # which would be reused as pre-allocated outputs next time (failing when the batch size changes) and
         # returned again as views, so an array returned by one run would be overwritten by the next.
