@@ -192,3 +192,75 @@ def test_biases_the_default_export_dropped_as_zero_come_back_and_train(tmp_path)
     for name, parameter in model.named_parameters():
         np.testing.assert_allclose(state.parameters[name].grad, parameter.grad.numpy(), rtol=1e-4, atol=1e-6,
                                    err_msg=name)
+
+
+class _CausalAttention(torch.nn.Module):
+    """Self-attention with a causal mask and SDPA's scale, a learned scalar temperature, a registered buffer and a
+    MultiheadAttention: the export makes the mask, the scale and the buffer initializers of its own."""
+
+    def __init__(self, width=16, heads=2):
+        super().__init__()
+        self.qkv, self.out, self.heads = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width), heads
+        self.mha = torch.nn.MultiheadAttention(width, heads, batch_first=True)
+        self.temperature = torch.nn.Parameter(torch.tensor(2.0))
+        self.register_buffer("offset", torch.full((width,), 0.5))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (y.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for y in self.qkv(x).chunk(3, -1))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.out(y.transpose(1, 2).reshape(b, t, d)) + self.offset
+        return self.mha(y, y, y, need_weights=False)[0] * self.temperature
+
+
+def test_the_default_export_trains_the_module_parameters_and_no_constant_of_the_export(tmp_path):
+    """requires_grad=None on the default export trains exactly torch's parameters, by the exporter's own list
+    (its graph signature): the 0-d temperature too, and not the causal mask, SDPA's scale or the buffer, which
+    the export stores as initializers under made-up names (trained, they changed what the model computes)."""
+    torch.manual_seed(0)
+    model = _CausalAttention().eval()
+    x = torch.randn(2, 5, 16)
+    exported = _export_with_defaults(model, (x,), tmp_path / "attention.onnx", ["x"], None)
+    made_up = [i.name for i in exported.graph.initializer if re.fullmatch(r"val_\d+", i.name)]
+    assert len(made_up) >= 3, "the export no longer stores its constants as initializers"
+    artifacts.generate_artifacts(exported, requires_grad=None, loss=artifacts.LossType.MSELoss,
+                                 artifact_directory=tmp_path / "a")
+    state = CheckpointState.load_checkpoint(tmp_path / "a" / "checkpoint")
+    trainable = {n for n, p in state.parameters if p.requires_grad}
+    assert trainable == {n for n, _ in model.named_parameters()}   # mha.out_proj.bias by its torch name too
+    module = Module(tmp_path / "a" / "training_model.onnx", state)
+    target = np.zeros((2, 5, 16), np.float32)
+    loss = module(x.numpy(), target)
+    reference = model.double()
+    torch_loss = torch.nn.functional.mse_loss(reference(x.double()), torch.from_numpy(target).double())
+    torch_loss.backward()
+    assert abs(float(loss) - float(torch_loss)) < 1e-5
+    for name, p in reference.named_parameters():
+        np.testing.assert_allclose(state.parameters[name].grad, p.grad.numpy(), rtol=1e-4, atol=1e-6,
+                                   err_msg=name)
+
+
+def test_parameters_the_optimizer_merged_without_a_record_are_named(tmp_path, caplog):
+    """A fresh TransformerDecoderLayer: the two attention blocks' zero in_proj_bias become one tensor, and the
+    cross-attention reads its copy through a Split that records no torch call: they would train as one, so the
+    generation warns and naming the lost one says where it went and how to keep it."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerDecoderLayer(16, 2, 32, dropout=0.0, batch_first=True).eval()
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x, memory):
+            return self.layer(x, memory)
+
+    exported = _export_with_defaults(Decoder(), (torch.randn(2, 5, 16), torch.randn(2, 7, 16)),
+                                     tmp_path / "decoder.onnx", ["x", "memory"], None)
+    with pytest.raises(ValueError, match=r"'layer.multihead_attn.in_proj_bias' is not an initializer of the model: "
+                                         r".* stored it once with another parameter of equal values .* "
+                                         r"optimize=False"):
+        artifacts.generate_artifacts(exported, requires_grad=["layer.multihead_attn.in_proj_bias"],
+                                     loss=artifacts.LossType.MSELoss, artifact_directory=tmp_path / "a")
+    assert "share a tensor with another parameter" in caplog.text
+    assert "layer.multihead_attn.in_proj_bias" in caplog.text

@@ -142,6 +142,10 @@ def test_batchnorm_running_stats_update_in_training_and_drive_eval(tmp_path, rng
         [onnx.helper.make_tensor_value_info("c", 1, None)]), opset_imports=[onnx.helper.make_opsetid("", 17)]))
     c = conv.run(None, {"x": x, "w": state.parameters["conv.weight"].data})[0]
     np.testing.assert_allclose(mean, 0.1 * c.mean(axis=(0, 2, 3)), rtol=1e-4, atol=1e-6)
+    # the variance as torch updates it: with the unbiased batch variance (ddof=1), not ONNX's biased one
+    var = state.buffers["bn.running_var"]
+    np.testing.assert_allclose(var, 0.9 + 0.1 * c.var(axis=(0, 2, 3), ddof=1), rtol=1e-5)
+    assert np.abs(var - (0.9 + 0.1 * c.var(axis=(0, 2, 3)))).max() > 1e-4
     # eval mode uses the running statistics: changing them changes the eval output
     module.eval()
     _, out1 = module(x, y)
@@ -461,3 +465,31 @@ def test_a_learning_rate_that_would_corrupt_the_parameters_is_refused(mlp_dir, r
     module(*batch(rng))
     optimizer.step()
     assert all(np.isfinite(p.data).all() for p in state.parameters.values())
+
+
+def test_running_variance_follows_torch_at_small_dynamic_batches(tmp_path, rng):
+    """A BatchNorm1d with a dynamic batch: torch updates the running variance with the unbiased variance of the
+    batch (4 examples: 4/3 of ONNX's biased one), at every batch size the artifacts run."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4, momentum=0.5), torch.nn.Linear(4, 2))
+    path = tmp_path / "bn.onnx"
+    torch.onnx.export(net.train(), (torch.randn(4, 3),), path, dynamo=False, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}}, do_constant_folding=False,
+                      training=torch.onnx.TrainingMode.TRAINING)
+    generate_artifacts(str(path), loss=LossType.MSELoss, optimizer=OptimType.SGD, artifact_directory=tmp_path / "a")
+    state, module = load(tmp_path / "a")
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            p.copy_(torch.from_numpy(state.parameters[name].data))
+        for name, b in net.named_buffers():
+            if name in dict(state.buffers):
+                b.copy_(torch.from_numpy(state.buffers[name]))
+    for batch in (4, 2, 7):
+        x = rng.standard_normal((batch, 3)).astype(np.float32)
+        module(x, np.zeros((batch, 2), np.float32))
+        with torch.no_grad():
+            net(torch.from_numpy(x))
+        np.testing.assert_allclose(state.buffers["1.running_var"], net[1].running_var.numpy(), rtol=1e-5)
+        np.testing.assert_allclose(state.buffers["1.running_mean"], net[1].running_mean.numpy(), rtol=1e-5,
+                                   atol=1e-7)

@@ -162,17 +162,25 @@ def _accumulate(acc: GraphBuilder, grads: dict[str, str | None], params: list[st
 
 
 def _buffer_outputs(acc: GraphBuilder, nodes: list[onnx.NodeProto], buffers: list[str],
-                    infos: dict[str, TensorInfo], keep: Sequence[str]) -> list[onnx.ValueInfoProto]:
+                    infos: dict[str, TensorInfo], keep: Sequence[str]
+                    ) -> tuple[list[onnx.ValueInfoProto], list[onnx.NodeProto]]:
     """Expose the running statistics that training-mode BatchNormalization nodes compute as graph outputs
-    (under the runtime's names; a value the model itself reads, or ``keep``, is passed on by an Identity)."""
+    (under the runtime's names; a value the model itself reads, or ``keep``, is passed on by an Identity).
+    Returns the outputs and the training graph's forward nodes: ``nodes`` with each such BatchNormalization
+    replaced by the nodes of :func:`_unbiased_running_var` and its copy (``nodes`` stay the eval graph's)."""
     outputs = []
     read: set[str] = set()
+    forward: list[onnx.NodeProto] = []
     for node in nodes:
         if node.op_type != "BatchNormalization" or not any(a.name == "training_mode" and a.i for a in node.attribute):
+            forward.append(node)
             continue
         outs = list(node.output) + [""] * (3 - len(node.output))
         for k, buffer in ((1, node.input[3]), (2, node.input[4])):
             if buffer in buffers:
+                if k == 2:
+                    outs[2] = outs[2] or acc.unique(f"{buffer}/biased_update")
+                    continue
                 if outs[k] and not read:
                     read = {x for n in nodes for x in node_inputs(n)} | set(keep)
                 if outs[k] and outs[k] in read:
@@ -183,7 +191,51 @@ def _buffer_outputs(acc: GraphBuilder, nodes: list[onnx.NodeProto], buffers: lis
                                                              infos[buffer].elem_type, infos[buffer].shape))
         del node.output[:]
         node.output.extend(outs)
-    return outputs
+        if node.input[4] in buffers:
+            buffer = node.input[4]
+            forward += _unbiased_running_var(acc, node, names.buffer_output_name(buffer), infos[buffer].elem_type,
+                                             infos.get(node.input[0]))
+            outputs.append(helper.make_tensor_value_info(names.buffer_output_name(buffer), infos[buffer].elem_type,
+                                                         infos[buffer].shape))
+        else:
+            forward.append(node)
+    return outputs, forward
+
+
+def _unbiased_running_var(acc: GraphBuilder, node: onnx.NodeProto, out: str, elem_type: int,
+                          x_info: TensorInfo | None) -> list[onnx.NodeProto]:
+    """``out`` = the running variance as torch updates it, around a training-mode BatchNormalization ``node``;
+    returns the nodes to run in its place (the rest go to ``acc``).
+
+    ONNX's BatchNormalization (and onnxruntime's kernel) updates running_var = m v + (1 - m) b with the batch's
+    biased variance b; torch with the unbiased one, b n / (n - 1), n the values per channel (at batch 4 of a
+    BatchNorm1d the running variance drifted 10 % from torch's). So the node reads zeros for v, giving (1 - m) b,
+    and out = m v + (1 - m) b n / (n - 1), on per-channel vectors only; n = 1 (torch refuses it) keeps the biased
+    update rather than dividing by 0. The zeros are computed from m v, so that m v is read before the node runs:
+    onnxruntime writes the node's running-variance output into its input's memory, even a graph input another
+    node reads (measured: the old v came out as the new one)."""
+    op = acc.op
+    dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+    momentum = next((a.f for a in node.attribute if a.name == "momentum"), 0.9)
+    first = len(acc.nodes)
+    kept = op.Mul(node.input[4], acc.const(np.array(momentum, dtype)))
+    zeros = op.Mul(kept, acc.const(np.array(0, dtype)))
+    before = acc.nodes[first:]
+    del acc.nodes[first:]
+    reading_zeros = onnx.NodeProto()
+    reading_zeros.CopyFrom(node)
+    reading_zeros.input[4] = zeros
+    static = x_info.static_shape if x_info is not None else None
+    if static is not None:
+        n = int(np.prod(static)) // static[1]
+        factor = acc.const(np.array(n / max(n - 1, 1), dtype))
+    else:
+        x = node.input[0]
+        n = op.Cast(op.Div(op.Size(x), op.Gather(op.Shape(x), acc.ints([1]))), to=elem_type)
+        one = acc.const(np.array([1], dtype))
+        factor = op.Div(n, op.Max(op.Sub(n, one), one))
+    acc.node("Add", [kept, op.Mul(node.output[2], factor)], [out])
+    return [*before, reading_zeros]
 
 
 def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: ParameterPlan, loss: Block,
@@ -238,12 +290,12 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     acc = GraphBuilder(default_opset(model), taken=full_names | {n.name for n in gb.nodes} |
                        {o for n in gb.nodes for o in n.output}, prefix="acc/")
     grad_inputs, grad_outputs, accumulation = _accumulate(acc, grads, wrt, infos)
-    buffer_outputs = _buffer_outputs(acc, forward_nodes, plan.buffers, infos, extras)
+    buffer_outputs, train_forward = _buffer_outputs(acc, forward_nodes, plan.buffers, infos, extras)
 
     extra_outputs = [value_info(n, infos.get(n)) for n in extras]
     loss_vi = value_info(loss_name, infos.get(loss_name))
     outputs = [loss_vi, *extra_outputs, *grad_outputs, *buffer_outputs]
-    train_nodes, train_reads = _prune([*forward_nodes, *gb.nodes, *acc.nodes], [o.name for o in outputs])
+    train_nodes, train_reads = _prune([*train_forward, *gb.nodes, *acc.nodes], [o.name for o in outputs])
     train_graph = helper.make_graph(
         train_nodes, "training",
         [*user_inputs, *labels, *state_inputs, *grad_inputs,

@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from onnxtrain.artifacts.torch_names import folded_parameter, tied_parameters
+from onnxtrain.artifacts.torch_names import (
+    folded_parameter,
+    folded_sources,
+    graph_signature,
+    tied_parameters,
+    torch_tensors,
+)
 from onnxtrain.ir.passes import ancestors, node_inputs
 from onnxtrain.ir.types import FLOAT_TYPES
 
@@ -88,6 +94,11 @@ def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str, s
             raise ValueError(f"{what}: {name!r} is not an initializer of the model: torch.onnx.export's graph "
                              f"optimizer (dynamo=True and optimize=True, its defaults) folded it {folded}, and its "
                              f"own values are gone; {FOLDED_BY_DYNAMO}")
+        if not hits and graph is not None and name in torch_tensors(graph, "PARAMETER"):
+            raise ValueError(f"{what}: {name!r} is not an initializer of the model: torch.onnx.export's graph "
+                             "optimizer (dynamo=True and optimize=True, its defaults) stored it once with another "
+                             "parameter of equal values (a fresh model's zero biases), read by nodes that record no "
+                             "torch call to tell them apart; export with optimize=False to train it")
         if not hits:
             close = [c for c in candidates if name.split(".")[-1] in c][:5]
             made_up = [c for c in candidates if c.startswith("onnx::")]
@@ -110,6 +121,8 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
       frozen, not a BatchNorm running statistic (of a training- or inference-mode node) and not a torch buffer
       or constant (marked so by torch's dynamo exporter, :func:`exported_buffers`, or by name,
       :data:`KNOWN_BUFFERS`), nor a constant folded into an initializer (:data:`FOLDED_CONSTANTS`) is trained.
+      A model from torch's dynamo exporter lists the module's parameters itself: exactly those train
+      (:func:`_exported_parameters`), scalars included, and none of the constants the export made initializers.
     - ``frozen_params``: kept in the checkpoint, fed to the graphs, never updated.
     - ``trainable_ops=N`` (N >= 0): only parameters consumed by the last N nodes (topological order) train;
       the other candidates become frozen.
@@ -134,11 +147,16 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
     buffers = [b for b in batchnorm_buffers(graph, set(names)) if b not in trainable]
     if requires_grad is None:
         statistics = running_statistics(graph)
-        torch_buffers = exported_buffers(graph)
         settings = _settings(graph)
-        trainable = [n for n in float_names if n not in frozen and n not in buffers and n not in statistics
-                     and weights[n].ndim > 0 and n not in settings and not _is_known_buffer(n)
-                     and n not in torch_buffers]
+        exported = _exported_parameters(graph)
+        if exported is not None:  # the dynamo exporter listed the module's parameters: exactly those train
+            trainable = [n for n in float_names if n in exported and n not in frozen and n not in buffers
+                         and n not in statistics and n not in settings]
+        else:
+            torch_buffers = exported_buffers(graph)
+            trainable = [n for n in float_names if n not in frozen and n not in buffers and n not in statistics
+                         and weights[n].ndim > 0 and n not in settings and not _is_known_buffer(n)
+                         and n not in torch_buffers]
     if trainable_ops is not None and trainable_ops >= 0:
         if trainable_ops > len(graph.node):
             raise ValueError(f"trainable_ops={trainable_ops} but the model has only {len(graph.node)} nodes")
@@ -172,6 +190,21 @@ def exported_buffers(graph: onnx.GraphProto) -> set[str]:
     parameters): trained by default, they would change what the model computes rather than learn."""
     return {v.name for v in [*graph.input, *graph.value_info] for p in v.metadata_props
             if p.key == _EXPORT_KIND and p.value in ("BUFFER", "CONSTANT_TENSOR")}
+
+
+def _exported_parameters(graph: onnx.GraphProto) -> set[str] | None:
+    """The initializers that are torch parameters by the dynamo exporter's own record (its graph signature,
+    torch_names.py), 0-d ones included, and the constants its optimizer computed from parameters alone (a layer
+    scale reshaped to (C, 1, 1), trained under the constant's name); None when the model has no such record.
+    The rest are the exported program's constants (a causal mask, SDPA's scale, a RoPE table, zeros an op
+    starts from), which would change what the model computes if trained."""
+    parameters = torch_tensors(graph, "PARAMETER")
+    if not parameters:
+        return None
+    others = {target for kind, target in graph_signature(graph).values() if kind != "PARAMETER"}
+    folded = {constant for constant, sources in folded_sources(graph).items()
+              if parameters.intersection(sources) and not others.intersection(sources)}
+    return parameters | folded
 
 
 def _is_known_buffer(name: str) -> bool:

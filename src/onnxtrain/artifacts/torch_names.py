@@ -25,6 +25,7 @@ weight's other torch name is resolved to the tensor the export kept (:func:`tied
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from collections import Counter
 from collections.abc import Collection
@@ -37,11 +38,15 @@ from onnxtrain.ir.passes import node_inputs
 from onnxtrain.ir.torch_records import FX_NODE, FxCall, fx_call
 from onnxtrain.ir.types import onnx_dtype
 
-__all__ = ["restore_torch_parameters", "folded_parameter", "tied_parameters"]
+__all__ = ["restore_torch_parameters", "folded_parameter", "tied_parameters", "graph_signature", "torch_tensors",
+           "folded_sources"]
+
+logger = logging.getLogger(__name__)
 
 ORIGINAL_NAME = "pkg.torch.onnx.original_node_name"
 FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 EXPORT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"  # the graph's record of every lifted tensor
 
 _KINDS = {"p_": "PARAMETER", "b_": "BUFFER"}
 _CONVOLUTIONS = ("aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.convolution")
@@ -114,8 +119,37 @@ def torch_name(placeholder: str, scopes: tuple[str, ...], known: dict[str, str])
 
 
 def _known_placeholders(graph: onnx.GraphProto) -> dict[str, str]:
-    return {p.value: v.name for v in [*graph.input, *graph.value_info] for p in v.metadata_props
-            if p.key == ORIGINAL_NAME}
+    """Placeholder (``p_<mangled>``) -> torch name: the exported program's signature, then the names the kept
+    tensors record."""
+    known = {placeholder: target for placeholder, (_, target) in graph_signature(graph).items()}
+    known.update({p.value: v.name for v in [*graph.input, *graph.value_info] for p in v.metadata_props
+                  if p.key == ORIGINAL_NAME})
+    return known
+
+
+_SIGNATURE_LINE = re.compile(r"^(\w+): (\w+) target='([^']*)'", re.MULTILINE)
+
+
+def graph_signature(graph: onnx.GraphProto) -> dict[str, tuple[str, str]]:
+    """The dynamo exporter's record of the torch module's tensors (``p_fc_weight: PARAMETER target='fc.weight'``):
+    placeholder -> (kind: PARAMETER, BUFFER, CONSTANT_TENSOR..., torch name); empty for other exporters."""
+    text = next((p.value for p in graph.metadata_props if p.key == SIGNATURE), "")
+    return {placeholder: (kind, target) for placeholder, kind, target in _SIGNATURE_LINE.findall(text)}
+
+
+def torch_tensors(graph: onnx.GraphProto, kind: str) -> set[str]:
+    """The torch names of the module's tensors of ``kind`` (PARAMETER, BUFFER...) in the exporter's signature."""
+    return {target for k, target in graph_signature(graph).values() if k == kind}
+
+
+def folded_sources(graph: onnx.GraphProto) -> dict[str, list[str]]:
+    """Initializer -> the tensors the exporter's optimizer computed it from (its ``folded_from`` record)."""
+    out = {}
+    for info in graph.value_info:
+        sources = next((p.value for p in info.metadata_props if p.key == FOLDED_FROM), None)
+        if sources is not None:
+            out[info.name] = re.findall(r"'([^']*)'", sources)
+    return out
 
 
 def restore_torch_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> list[str]:
@@ -157,6 +191,7 @@ def restore_torch_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarr
                 weights[name] = np.array(values, order="C")
                 graph.value_info.append(_declaration(name, weights[name], placeholder))
     added.update(_restore_dropped_biases(graph, weights, known, taken))
+    _warn_merged(graph, weights)
     if not added:
         return []
     nodes = new_nodes + list(graph.node)
@@ -172,8 +207,23 @@ def restore_torch_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarr
     return [n for n in added if n in weights]
 
 
+def _warn_merged(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> None:
+    """Warn about torch parameters that no initializer holds and that were not folded into a constant or a
+    convolution: the optimizer stored them with another tensor of equal values, read by nodes that record no
+    torch call to tell them apart (a cross-attention's Split of its in_proj_bias), so they train as one."""
+    missing = [t for t in torch_tensors(graph, "PARAMETER") if t not in weights]
+    tied = tied_parameters(graph, set(weights)) if missing else {}   # one tensor in torch too: not merged
+    merged = sorted(t for t in missing if t not in tied and folded_parameter(graph, t, weights) is None)
+    if merged:
+        logger.warning("%d torch parameters (e.g. %s) share a tensor with another parameter of equal values: "
+                       "torch.onnx.export's graph optimizer (optimize=True, its default) stored equal tensors once, "
+                       "and the nodes reading them record no torch call to tell them apart, so they train as one "
+                       "parameter; export with optimize=False to train each", len(merged), merged[:3])
+
+
 # (torch call, ONNX op) whose bias the optimizer drops when it is zero: the bias's ONNX input and torch argument
-_BIASES = {("aten.linear", "Gemm"): (2, 2), ("aten.layer_norm", "LayerNormalization"): (2, 3),
+_BIASES = {("aten.linear", "Gemm"): (2, 2), ("aten.addmm", "Gemm"): (2, 0),
+           ("aten.layer_norm", "LayerNormalization"): (2, 3),
            **{(conv, "Conv"): (2, 2) for conv in _CONVOLUTIONS}}
 
 
@@ -260,10 +310,9 @@ def folded_parameter(graph: onnx.GraphProto, name: str, initializers: Collection
     The optimizer records the tensors it computed a constant from (``pkg.onnxscript.optimizer.folded_from``: a
     position table sliced to a fixed length, a bias table gathered by constant indices); a BatchNorm folded into
     a convolution leaves its own torch call on the Conv node."""
-    for info in graph.value_info:
-        sources = next((p.value for p in info.metadata_props if p.key == FOLDED_FROM), None)
-        if sources is not None and re.search(rf"'{re.escape(name)}'", sources):
-            return f"into the constant {info.name!r}, computed from it"
+    for constant, sources in folded_sources(graph).items():
+        if name in sources:
+            return f"into the constant {constant!r}, computed from it"
     wanted = {prefix + _mangled(name) for prefix in _KINDS}
     for node in graph.node:
         call = fx_call(node)
