@@ -9,6 +9,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxtrain.api import CheckpointState, Module
 from onnxtrain.artifacts import LossType, generate_artifacts
 from onnxtrain.conventions import grad_output_name
 from onnxtrain.ir.types import TensorInfo, infer_from_inputs
@@ -111,3 +112,25 @@ def test_the_model_is_left_as_it_was():
     before = model.SerializeToString()
     infer_from_inputs(model)
     assert model.SerializeToString() == before
+
+
+def test_a_symbol_the_exporter_put_on_two_axes_is_not_taken_for_their_equality(tmp_path):
+    """The TorchScript exporter, given dynamic axes for its inputs only, declared a reflect-padded Conv1d's
+    [batch, channels, time] output as ['Convout_dim_0', 8, 'Convout_dim_0']; inference cannot size the padded axes,
+    so the declaration used to be kept and the target was refused unless its batch equalled its length."""
+    pads = helper.make_node("Constant", [], ["pads"], value=numpy_helper.from_array(
+        np.array([0, 0, 1, 0, 0, 1], np.int64)))
+    nodes = [pads, helper.make_node("Pad", ["x", "pads"], ["padded"], mode="reflect"),
+             helper.make_node("Conv", ["padded", "w"], ["out"])]
+    w = np.random.default_rng(0).standard_normal((8, 4, 3)).astype(np.float32)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4, "t"])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT,
+                                                             ["Convout_dim_0", 8, "Convout_dim_0"])],
+                              initializer=[numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    infos, corrected = infer_from_inputs(model)
+    assert "out" in corrected and "Convout_dim_0" not in infos["out"].shape
+    paths = generate_artifacts(model, loss=LossType.MSELoss, artifact_directory=tmp_path)
+    module = Module(paths["training"], CheckpointState.load_checkpoint(paths["checkpoint"]))
+    x = np.random.default_rng(1).standard_normal((2, 4, 20)).astype(np.float32)
+    assert np.isfinite(module(x, np.zeros((2, 8, 20), np.float32)))

@@ -233,8 +233,16 @@ def _merge(derived: TensorInfo | None, declared: TensorInfo, symbols: set[str],
         return TensorInfo(elem_type, derived.shape), False
     if len(declared.shape) != len(derived.shape):
         return TensorInfo(elem_type, derived.shape), True
+    # a symbol of the exporter's own on two axes says they are equal, which nothing checks (the TorchScript
+    # exporter, given dynamic axes for the inputs only, declared a Conv1d's [batch, C, time] output as
+    # ['Convout_dim_0', 8, 'Convout_dim_0']): those axes stay unknown
+    repeated = {d for d in declared.shape if isinstance(d, str) and d not in symbols and declared.shape.count(d) > 1}
     dims, contradicted = [], False
     for found, said in zip(derived.shape, declared.shape):
+        if said in repeated:
+            dims.append(None if fresh_symbol(found, symbols) else found)
+            contradicted = True
+            continue
         # an input's symbol, or a size the solvers named from them (ir.symbolic), is as good as a number
         if found is not None and not fresh_symbol(found, symbols):
             # a static size, or another name for the size (dynamo's ``Min(32, s27)`` for a slice to ``s27``)
