@@ -146,6 +146,22 @@ def test_resume_needs_flags_and_continues(workdir, arts):
     assert info["run"]["last"]["progress"]["global_step"] == 30  # 10 batches of 32 per epoch
 
 
+def test_a_restart_that_fails_loses_nothing_of_the_previous_run(workdir, arts):
+    """--restart used to delete the finished run's checkpoints before training: a new run that failed at its
+    first step (a learning rate too high) left nothing. Its files now wait in run/previous/."""
+    assert run_cli("train", arts, "--data", workdir / "train.npz", "--epochs", "1").returncode == 0
+    last = (arts / "run" / "last.ckpt").read_bytes()
+    proc = run_cli("train", arts, "--data", workdir / "train.npz", "--epochs", "1", "--lr", "1e30", "--restart")
+    assert proc.returncode != 0 and "not finite" in proc.stderr
+    assert (arts / "run" / "previous" / "last.ckpt").read_bytes() == last
+    assert (arts / "run" / "previous" / "best.ckpt").is_file()
+    assert [r["epoch"] for r in _epochs(arts / "run" / "previous" / "metrics.jsonl")] == [1]
+    assert not (arts / "run" / "last.ckpt").exists()   # nothing of the failed run passes for a finished one
+    proc = run_cli("train", arts, "--data", workdir / "train.npz", "--epochs", "1", "--restart")
+    assert proc.returncode == 0, proc.stderr
+    assert "run/previous" in proc.stdout.replace(os.sep, "/")
+
+
 def test_ctrl_c_saves_then_resume_finishes(workdir, arts):
     cmd = [sys.executable, "-m", "onnxtrain.cli", "train", str(arts), "--data", str(workdir / "train.npz"),
            "--epochs", "100", "--batch-size", "2", "--progress", "none"]

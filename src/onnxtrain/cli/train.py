@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -192,6 +193,21 @@ def check_run_dir(artifacts: Artifacts, resume: bool, restart: bool) -> str:
     return artifacts.checkpoint
 
 
+def _set_aside(run_dir: str, files: list[str]) -> str | None:
+    """Move the ``files`` that exist into ``run_dir/previous/`` (emptied first); returns that folder, or None if
+    there was nothing to move. A restarted run that fails before its first epoch leaves the last good one there."""
+    present = [f for f in dict.fromkeys(files) if os.path.isfile(f)]
+    if not present:
+        return None
+    previous = os.path.join(run_dir, "previous")
+    if os.path.isdir(previous):
+        shutil.rmtree(previous)
+    os.makedirs(previous)
+    for f in present:
+        os.replace(f, os.path.join(previous, os.path.basename(f)))
+    return previous
+
+
 def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np.ndarray] | None,
         opts: TrainOptions, *, metrics: list[str], resume: bool = False, restart: bool = False,
         progress: Progress | None = None, log: Callable[[str], None] = print, title: str = "",
@@ -245,10 +261,10 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
     if resume and os.path.isfile(log_path):
         with open(log_path) as f:
             history = [r for r in map(json.loads, filter(str.strip, f)) if "train_loss" in r]
-    if not resume:  # a new run: nothing of the previous one may be mistaken for this one's
-        for stale in (last, best, plot_path):
-            if os.path.isfile(stale):
-                os.remove(stale)
+    if not resume:  # a new run: nothing of the previous one may be mistaken for this one's, nor lost with it
+        kept = _set_aside(run_dir, [last, best, plot_path, log_path])
+        if kept:
+            log(f"the previous run's files are kept in {kept} until the next --restart")
     log_file = open(log_path, "a" if resume else "w")
     record = lambda r: (log_file.write(json.dumps(r) + "\n"), log_file.flush())  # noqa: E731
 
@@ -344,7 +360,8 @@ def add_parser(sub) -> None:
     p.add_argument("--val", metavar="VAL.npz", help="validation data, evaluated after every epoch")
     add_train_options(p)
     p.add_argument("--resume", action="store_true", help="continue the run saved in DIR/run/last.ckpt")
-    p.add_argument("--restart", action="store_true", help="start over, replacing the run in DIR/run")
+    p.add_argument("--restart", action="store_true",
+                   help="start over; the previous run's checkpoints, log and plot move to DIR/run/previous/")
     p.add_argument("--log", metavar="PATH", help="where to write the per-epoch records as JSON lines "
                    "(default DIR/run/metrics.jsonl)")
     p.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
