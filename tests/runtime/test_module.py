@@ -493,3 +493,15 @@ def test_running_variance_follows_torch_at_small_dynamic_batches(tmp_path, rng):
         np.testing.assert_allclose(state.buffers["1.running_var"], net[1].running_var.numpy(), rtol=1e-5)
         np.testing.assert_allclose(state.buffers["1.running_mean"], net[1].running_mean.numpy(), rtol=1e-5,
                                    atol=1e-7)
+
+
+def test_an_eval_model_of_other_artifacts_is_refused_when_the_module_is_made(mlp_dir, tmp_path):
+    """It used to be accepted: eval calls then failed inside onnxruntime ("Missing Input: conv.weight") and
+    export_model_for_inferencing wrote a model onnxruntime could not open."""
+    other = tmp_path / "cnn"
+    generate_artifacts(models.conv_bn(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=other)
+    state = CheckpointState.load_checkpoint(mlp_dir / "checkpoint")
+    with pytest.raises(ArtifactError, match=r"the eval model does not belong to the training model's artifacts: "
+                                            r"it reads \['conv.weight'"):
+        Module(mlp_dir / "training_model.onnx", state, other / "eval_model.onnx")

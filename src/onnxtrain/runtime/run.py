@@ -104,6 +104,15 @@ class TrainingRun:
             check_connected(eval_model, "eval model")
             eval_inputs = graph_io(eval_model.graph.input)
             values.check_declared(eval_inputs, "eval model")
+            state = values.graph_values()
+            foreign = [m.name for m in eval_inputs[n_user:] if m.name not in state]
+            if foreign or [m.name for m in eval_inputs[:n_user]] != [m.name for m in self.train_inputs]:
+                raise ArtifactError(
+                    "the eval model does not belong to the training model's artifacts: "
+                    + (f"it reads {foreign[:3]}, which the checkpoint and the training model do not have"
+                       if foreign else f"it takes the inputs {[m.name for m in eval_inputs[:n_user]]}, the "
+                       f"training model {[m.name for m in self.train_inputs]}")
+                    + "; pass the eval_model.onnx written with this training_model.onnx")
             self.eval_inputs = eval_inputs[:n_user]
             self.eval_labels = class_label_inputs(eval_model)
             self.eval_outputs = graph_io(eval_model.graph.output)
