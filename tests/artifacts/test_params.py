@@ -185,3 +185,17 @@ def test_a_quantized_model_says_why_nothing_trains(tmp_path, caplog):
                        requires_grad=[], artifact_directory=tmp_path)
     assert "no parameter trains" in caplog.text
     assert "the model is quantized (DequantizeLinear, QuantizeLinear): train the float model" in caplog.text
+
+
+def test_integer_initializers_are_not_frozen_parameters_nor_matched_by_globs():
+    """A glob over a quantized layer matches its integer zero points, and a list can name a shape: neither is a
+    parameter, so they stay constants (a frozen int64 shape came back from get_contiguous_parameters as
+    float64 data that copy_buffer_to_parameters refused); a name given exactly is still an error."""
+    weights = {"l.weight": np.ones((2, 2), np.float32), "l.zero_point": np.zeros(2, np.int8),
+               "shape": np.array([-1, 2], np.int64)}
+    graph = onnx.helper.make_graph([], "g", [], [])
+    with pytest.warns(UserWarning, match="1 integer initializers .*'shape'"):
+        plan = plan_parameters(graph, weights, ["l.*"], ["shape"])
+    assert plan.trainable == ["l.weight"] and plan.frozen == []
+    with pytest.raises(TypeError, match="'l.zero_point' has dtype int8"):
+        plan_parameters(graph, weights, ["l.zero_point"], None)

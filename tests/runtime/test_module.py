@@ -505,3 +505,11 @@ def test_an_eval_model_of_other_artifacts_is_refused_when_the_module_is_made(mlp
     with pytest.raises(ArtifactError, match=r"the eval model does not belong to the training model's artifacts: "
                                             r"it reads \['conv.weight'"):
         Module(mlp_dir / "training_model.onnx", state, other / "eval_model.onnx")
+
+
+def test_an_empty_batch_and_a_single_output_name_are_handled(mlp_dir, tmp_path):
+    state, module = load(mlp_dir)
+    with pytest.raises(InputError, match=r"input 'input' holds no examples \(shape \[0, 8\]\)"):
+        module(np.zeros((0, 8), np.float32), np.zeros(0, np.int64))
+    module.export_model_for_inferencing(tmp_path / "one.onnx", "output")   # a name, not its letters
+    assert [o.name for o in onnx.load(tmp_path / "one.onnx").graph.output] == ["output"]

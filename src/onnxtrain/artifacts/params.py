@@ -140,10 +140,20 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
     if both:
         raise ValueError(f"{both[0]!r} is listed both in requires_grad and in frozen_params"
                          + (f" (and {len(both) - 1} more)" if len(both) > 1 else ""))
+    named = set(requires_grad or [])
     for n in trainable:
-        if n not in float_names:
+        if n not in float_names and n in named:
             raise TypeError(f"requires_grad: {n!r} has dtype {weights[n].dtype}; only floating-point "
                             "parameters can be trained")
+    # a glob selects the floating-point tensors it matches (a quantized layer's 'l3.*' has integer zero points)
+    trainable = [n for n in trainable if n in float_names]
+    # a shape or index a glob or a list froze stays a constant: only floating-point parameters are state
+    integers = [n for n in frozen if n not in float_names]
+    if integers:
+        warnings.warn(f"frozen_params: {len(integers)} integer initializers (e.g. {integers[0]!r}, "
+                      f"{weights[integers[0]].dtype}) are not parameters and stay constants of the graphs",
+                      stacklevel=2)
+        frozen = [n for n in frozen if n in float_names]
     buffers = [b for b in batchnorm_buffers(graph, set(names)) if b not in trainable]
     if requires_grad is None:
         statistics = running_statistics(graph)

@@ -97,6 +97,9 @@ def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what
             else:
                 raise InputError(f"{what}: input {meta.name!r} expects dtype {meta.dtype}, got {array.dtype} "
                                  f"(expected {describe(meta)}, got {array.dtype}{list(array.shape)})")
+        if array.ndim and array.shape[0] == 0 and meta.shape and not isinstance(meta.shape[0], int):
+            raise InputError(f"{what}: input {meta.name!r} holds no examples (shape {list(array.shape)}); a step "
+                             "needs a batch of at least one")
         if meta.shape is not None:
             if array.ndim != len(meta.shape):
                 raise InputError(f"{what}: input {meta.name!r} expects rank {len(meta.shape)} "

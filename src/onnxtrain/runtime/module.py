@@ -138,6 +138,8 @@ class Module:
         run = self.training_run
         if run.eval_model is None:
             raise RuntimeError("exporting needs the eval model: pass eval_model_uri=... to Module()")
+        if isinstance(graph_output_names, str):  # one name, not its letters
+            graph_output_names = [graph_output_names]
         if merge_adapters:
             from onnxtrain.lora import lora_meta
             from onnxtrain.lora.export import merge_exported_model
