@@ -158,6 +158,33 @@ def test_peft_files_round_trip_without_torch(tmp_path):
     np.testing.assert_allclose(_run(str(tmp_path / "b.onnx"), x), _run(str(tmp_path / "a.onnx"), x), rtol=1e-6)
 
 
+def test_peft_files_hold_every_module_peft_wraps_and_read_fan_in_fan_out(tmp_path):
+    """PEFT wraps every module whose path ends with a modules_to_save entry: a trained 'classifier' takes
+    DistilBERT's 'pre_classifier' too, whose tensors must then be in the file (from_pretrained raised KeyError
+    without them); they go in unchanged. PEFT's own GPT-2 adapters say fan_in_fan_out, which reading accepts."""
+    from safetensors.numpy import load_file
+
+    from onnxtrain.lora.peft import PEFT_PREFIX, write_peft_adapter
+
+    meta = LoRAMeta.from_model(onnx.load(_generate(tmp_path / "a", _model(), LoRA(rank=2, targets=["W1"]))[0]
+                                         ["training"]))
+    a, b = np.ones((2, 6), np.float32), np.zeros((5, 2), np.float32)
+    head = {"classifier.weight": np.full((3, 4), 2.0, np.float32)}
+    base = {**head, "pre_classifier.weight": np.full((4, 4), 3.0, np.float32),
+            "pre_classifier.bias": np.zeros(4, np.float32), "encoder.weight": np.ones((4, 4), np.float32)}
+    written = write_peft_adapter(meta, {"W1.lora_A.weight": a, "W1.lora_B.weight": b}, tmp_path / "peft",
+                                 extra=head, base=base)
+    tensors = load_file(written["weights"])
+    assert json.load(open(written["config"]))["modules_to_save"] == ["classifier"]
+    assert {k.removeprefix(PEFT_PREFIX) for k in tensors} == {
+        "W1.lora_A.weight", "W1.lora_B.weight", "classifier.weight", "pre_classifier.weight", "pre_classifier.bias"}
+    np.testing.assert_array_equal(tensors[PEFT_PREFIX + "pre_classifier.weight"], base["pre_classifier.weight"])
+    config = json.load(open(written["config"]))
+    config["fan_in_fan_out"] = True
+    json.dump(config, open(written["config"], "w"))
+    assert LoRA.from_peft(tmp_path / "peft").rank == 2
+
+
 def test_federated_exchange_carries_only_the_adapters(tmp_path):
     from onnxtrain.federated.spec import ParamSpec
 

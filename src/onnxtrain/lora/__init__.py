@@ -54,4 +54,5 @@ def save_peft_adapter(state: CheckpointState, model: onnx.ModelProto | str | os.
     adapter_names = {n for a in meta.adapters for n in (a.A, a.B)}
     values = {n: state.parameters[n].data for n in adapter_names}
     extra = {n: p.data for n, p in state.parameters.items() if p.requires_grad and n not in adapter_names}
-    return write_peft_adapter(meta, values, output_dir, extra, base_model_name_or_path)
+    base = {n: p.data for n, p in state.parameters.items() if n not in adapter_names}
+    return write_peft_adapter(meta, values, output_dir, extra, base_model_name_or_path, base=base)

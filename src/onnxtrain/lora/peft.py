@@ -29,12 +29,16 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 
 def write_peft_adapter(meta: LoRAMeta, values: Mapping[str, np.ndarray], output_dir: str | os.PathLike,
                        extra: Mapping[str, np.ndarray] | None = None,
-                       base_model_name_or_path: str | None = None) -> dict[str, str]:
+                       base_model_name_or_path: str | None = None,
+                       base: Mapping[str, np.ndarray] | None = None) -> dict[str, str]:
     """Write the adapters of ``meta`` with their current ``values`` (by parameter name) to ``output_dir``.
 
     ``extra``: other trained tensors (a new head) by torch parameter name; their modules become PEFT's
     ``modules_to_save``. Tensors whose names are not torch parameter names (``onnx::MatMul_12``) are skipped
-    with a warning: PEFT could not place them. Returns the two paths by kind ("config", "weights").
+    with a warning: PEFT could not place them. ``base``: every parameter of the model by name; PEFT wraps every
+    module whose name ends with a ``modules_to_save`` entry (``classifier`` takes DistilBERT's
+    ``pre_classifier`` too) and then needs its tensors, which are taken from there, unchanged. Returns the two
+    paths by kind ("config", "weights").
     """
     from safetensors.numpy import save_file
 
@@ -52,6 +56,12 @@ def write_peft_adapter(meta: LoRAMeta, values: Mapping[str, np.ndarray], output_
         modules_to_save.append(name.rsplit(".", 1)[0])
     if skipped:
         logger.warning("not in the PEFT adapter (no torch parameter name): %s", ", ".join(skipped[:5]))
+    saved = set(modules_to_save)
+    for name, value in (base or {}).items():
+        module = name.rsplit(".", 1)[0]
+        if ("." in name and not name.startswith("onnx::") and module not in saved
+                and any(module.endswith(m) for m in saved) and PEFT_PREFIX + name not in tensors):
+            tensors[PEFT_PREFIX + name] = np.asarray(value, order="C")
     config = {
         "peft_type": "LORA", "task_type": None, "base_model_name_or_path": base_model_name_or_path,
         "r": meta.rank, "lora_alpha": meta.alpha, "lora_dropout": meta.dropout, "use_rslora": meta.use_rslora,
@@ -73,15 +83,16 @@ def read_peft_adapter(path: str | os.PathLike, **overrides) -> LoRA:
 
     Tensors of ``modules_to_save`` become ``base_values`` (by torch parameter name, which the ONNX model must
     share). ``overrides`` replace fields (e.g. ``seed``). Raises LoRAError (a ValueError) for adapters onnxtrain
-    cannot reproduce (DoRA, per-module ranks or alphas, ``fan_in_fan_out``, trained biases).
+    cannot reproduce (DoRA, per-module ranks or alphas, trained biases).
     """
     from safetensors.numpy import load_file
 
     folder = os.fspath(path)
     with open(os.path.join(folder, CONFIG_FILE)) as f:
         config = json.load(f)
-    unsupported = [k for k in ("use_dora", "rank_pattern", "alpha_pattern", "fan_in_fan_out", "lora_bias")
-                   if config.get(k)]
+    # fan_in_fan_out (PEFT sets it for GPT-2's Conv1D, whose weight is stored (in, out)) changes how PEFT merges
+    # into the weight, not the adapters: lora_A is (rank, in) and lora_B (out, rank) either way
+    unsupported = [k for k in ("use_dora", "rank_pattern", "alpha_pattern", "lora_bias") if config.get(k)]
     if config.get("peft_type", "LORA") != "LORA" or config.get("bias", "none") != "none":
         unsupported.append(f"peft_type={config.get('peft_type')}, bias={config.get('bias')}")
     if unsupported:
