@@ -210,6 +210,8 @@ def test_fit_casts_and_reshapes(cnn_spec):
     (np.zeros((2, 1, 8, 8), np.float32), np.array([0, 10]), r"label 10 \(example 1\).*\[0, 9\]"),
     (np.zeros((2, 1, 8, 8), np.float32), np.array([-1, 0]), "label -1"),
     (np.zeros((2, 1, 8, 8), np.float32), np.array([0.5, 1.0]), "fractional"),
+    # another number of values: no reshape to suggest (it would scramble or not fit)
+    (np.zeros((2, 7), np.float32), np.array([0, 1]), r"\(64 values per example, these have 7\)$"),
 ])
 def test_fit_errors(cnn_spec, x, y, message):
     with pytest.raises(DatasetError, match=message):
@@ -237,3 +239,28 @@ def test_data_command(tmp_path):
         err = proc.stderr.strip()
         assert proc.returncode != 0 and len(err.splitlines()) == 1 and "Traceback" not in err, err
         assert err.startswith("onnxtrain: error: ") and message in err, err
+
+
+def test_channels_last_images_get_a_transpose_not_a_reshape(tmp_path):
+    """[N, 64, 64, 3] for a [N, 3, 64, 64] model used to get "--shape 3,64,64", which scrambles every image."""
+    from onnxtrain.data.match import DataSpec
+    from onnxtrain.runtime.backends.base import TensorMeta
+
+    spec = DataSpec(TensorMeta("image", np.dtype(np.float32), ("N", 3, 64, 64)),
+                    TensorMeta("labels", np.dtype(np.int64), ("N",)))
+    with pytest.raises(DatasetError, match=r"look channels-last .*x.transpose\(0, 3, 1, 2\)") as info:
+        fit_dataset(Dataset(np.zeros((2, 64, 64, 3), np.float32), np.array([0, 1])), spec, "d")
+    assert "--shape" not in str(info.value)
+
+
+def test_token_ids_stored_as_floats_are_cast_and_fractions_get_the_dtype_option():
+    """`onnxtrain data` writes float32 by default: integral values fit an int64 input (token ids) as they are."""
+    from onnxtrain.data.match import DataSpec
+    from onnxtrain.runtime.backends.base import TensorMeta
+
+    spec = DataSpec(TensorMeta("input_ids", np.dtype(np.int64), ("N", 4)),
+                    TensorMeta("labels", np.dtype(np.int64), ("N",)))
+    x, _ = fit_dataset(Dataset(np.array([[1, 2, 3, 4]], np.float32), np.array([1])), spec, "d")
+    assert x.dtype == np.int64 and x.tolist() == [[1, 2, 3, 4]]
+    with pytest.raises(DatasetError, match="--dtype int64"):
+        fit_dataset(Dataset(np.array([[1.5, 2, 3, 4]], np.float32), np.array([1])), spec, "d")

@@ -17,6 +17,7 @@ from onnxtrain.artifacts.passes.fold_index_constants import FoldIndexConstants
 from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.artifacts.torch_names import restore_torch_parameters
+from onnxtrain.conventions import TRAINING_META
 from onnxtrain.ir.passes import clone, clone_without, declare_as_inputs, default_opset, node_inputs
 from onnxtrain.ir.symbolic import canonical_name, input_symbols
 from onnxtrain.ir.types import onnx_dtype
@@ -64,6 +65,10 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     # The caller's model stays untouched; the graph is copied without its initializers (CopyFrom: 25x faster
     # than a serialization), whose values are read once into ``weights``. A model read from a file is then
     # dropped, so one copy of the weights is alive during generation, not two (docs/memory.md).
+    if any(p.key == TRAINING_META for p in original.metadata_props):
+        raise ValueError("the model is an artifact generate_artifacts wrote (a training or eval model), not a "
+                         "forward model: generate from the model the artifacts were made from, or train these "
+                         "artifacts as they are")
     proto = clone_without(original, "initializer")
     # calls of the model's own functions (export_modules_as_functions) become their bodies: default-domain ops
     proto = InlineLocalFunctions().run(proto).model

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from onnxtrain.cli.common import Artifacts, human_bytes, quiet_onnxruntime, read_model, shape_text
+from onnxtrain.cli.common import Artifacts, CliError, human_bytes, quiet_onnxruntime, read_model, shape_text
 
 __all__ = ["add_parser", "run"]
 
@@ -50,6 +50,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {', '.join(os.path.basename(p) for p in paths.values())} to {args.output} from {checkpoint}")
         return 0
     quiet_onnxruntime()
+    own = [f for f in (artifacts.training, artifacts.eval, artifacts.optimizer, artifacts.checkpoint, checkpoint)
+           if f and os.path.exists(args.output) and os.path.samefile(f, args.output)]
+    if own:
+        raise CliError(f"-o {args.output} is one of the artifacts' own files; write the inference model elsewhere "
+                       "(e.g. -o model_trained.onnx)")
     folder = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"cannot write {args.output}: the folder {folder} does not exist")

@@ -78,16 +78,32 @@ def _fit_shape(a: np.ndarray, want: tuple | None, what: str, name: str, where: s
                        f"{hint}")
 
 
+def _reshape_hint(x: np.ndarray, want: tuple | None) -> str:
+    """What to do when the examples' shape is not the model's: reshape them (same values per example), transpose
+    channels-last images (the same sizes in another order: a reshape would scramble the pixels), or nothing to
+    suggest (another number of values: other data, or images to resize with `onnxtrain data --image-size`)."""
+    fixed = [d for d in (want or ())[1:]]
+    if not want or not all(isinstance(d, int) for d in fixed):
+        return ""
+    sample = list(x.shape[1:])
+    if sample != fixed and sorted(sample) == sorted(fixed) and len(sample) == 3 and sample[-1] == fixed[0]:
+        return ("; the examples look channels-last (N, height, width, channels): transpose them to channels-first, "
+                "x.transpose(0, 3, 1, 2), before saving the dataset")
+    if int(np.prod(sample)) == int(np.prod(fixed)):
+        return f"; reshape the examples with `onnxtrain data IN -o OUT --shape {','.join(map(str, fixed))}`"
+    return f" ({int(np.prod(fixed))} values per example, these have {int(np.prod(sample))})"
+
+
 def fit_dataset(dataset: Dataset, spec: DataSpec, where: str) -> tuple[np.ndarray, np.ndarray]:
     """(x, y) with the dtypes and shapes ``spec`` expects, or a DatasetError naming the mismatch."""
     x, y = dataset.x, dataset.y
     want_x, want_y = spec.input, spec.label
-    reshape_hint = ("; reshape the examples with `onnxtrain data IN -o OUT --shape " +
-                    ",".join(str(d) for d in (want_x.shape or ())[1:]) + "`") if want_x.shape else ""
-    x = _fit_shape(x, want_x.shape, "the inputs x", want_x.name, where, reshape_hint)
+    x = _fit_shape(x, want_x.shape, "the inputs x", want_x.name, where, _reshape_hint(x, want_x.shape))
     if x.dtype != want_x.dtype:
         if want_x.dtype.kind == "f" and x.dtype.kind == "f":
             x = x.astype(want_x.dtype)
+        elif want_x.dtype.kind in "iu" and x.dtype.kind == "f" and np.all(x == np.round(x)):
+            x = x.astype(want_x.dtype)  # token ids that `onnxtrain data` stored as float32 by default
         elif want_x.dtype.kind == "f" and x.dtype.kind in "iub":
             raise DatasetError(f"{where}: the inputs x are {x.dtype} but the model's {want_x.name!r} expects "
                                f"{describe(want_x)}; convert them with `onnxtrain data IN -o OUT --scale 255` (for "
@@ -95,8 +111,10 @@ def fit_dataset(dataset: Dataset, spec: DataSpec, where: str) -> tuple[np.ndarra
         elif want_x.dtype.kind in "iu" and x.dtype.kind in "iu":
             x = x.astype(want_x.dtype)
         else:
+            hint = (f"; convert them with `onnxtrain data IN -o OUT --dtype {want_x.dtype}`"
+                    if want_x.dtype.kind in "iu" else "")
             raise DatasetError(f"{where}: the inputs x are {x.dtype} but the model's {want_x.name!r} expects "
-                               f"{describe(want_x)}")
+                               f"{describe(want_x)}{hint}")
 
     if want_y.dtype.kind in "iu":  # class indices
         if y.dtype.kind == "f":
