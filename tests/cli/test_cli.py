@@ -365,3 +365,52 @@ def test_a_dataset_named_after_the_model_inputs_is_read(workdir, arts, tmp_path)
     np.savez(tmp_path / "other.npz", pixels=train["x"], digits=train["y"])
     assert_one_line_error(run_cli("eval", arts, "--data", tmp_path / "other.npz"), "no array 'x'",
                           f"or arrays named after the model's inputs ({data_input!r}, {label_input!r})")
+
+
+def _two_input_model() -> onnx.ModelProto:
+    """A token classifier with two inputs, as a transformer's input_ids and attention_mask: the mean of the
+    masked embeddings, then a linear layer, 3 classes; dynamic batch and sequence."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gather", ["embedding", "input_ids"], ["vectors"]),
+             helper.make_node("Cast", ["attention_mask"], ["mask"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["mask", "last"], ["mask3"]),
+             helper.make_node("Mul", ["vectors", "mask3"], ["masked"]),
+             helper.make_node("ReduceMean", ["masked"], ["pooled"], axes=[1], keepdims=0),
+             helper.make_node("Gemm", ["pooled", "w", "b"], ["logits"], transB=1)]
+    graph = helper.make_graph(
+        nodes, "two_inputs",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+        initializer=[numpy_helper.from_array(rng.normal(size=(20, 8)).astype(np.float32), "embedding"),
+                     numpy_helper.from_array(rng.normal(size=(3, 8)).astype(np.float32) * 0.1, "w"),
+                     numpy_helper.from_array(np.zeros(3, np.float32), "b"),
+                     numpy_helper.from_array(np.array([-1], np.int64), "last")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_model_with_several_inputs_trains_from_arrays_named_after_them(tmp_path):
+    """A transformer-like model (input_ids, attention_mask): the CLI used to refuse any model with more than one
+    input ("drive such models from Python"); its dataset now holds one array per input, by name."""
+    onnx.save(_two_input_model(), tmp_path / "model.onnx")
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 20, (96, 6)).astype(np.int64)
+    mask = (rng.random((96, 6)) > 0.2).astype(np.int64)
+    y = (ids[:, 0] % 3).astype(np.int64)   # learnable from the first token
+    np.savez(tmp_path / "train.npz", input_ids=ids, attention_mask=mask, y=y)
+    np.savez(tmp_path / "no_mask.npz", input_ids=ids, labels=y)
+    assert run_cli("generate", tmp_path / "model.onnx", "-o", tmp_path / "a", "--loss", "cross-entropy",
+                   "--optimizer", "adamw").returncode == 0
+    proc = run_cli("train", tmp_path / "a", "--data", tmp_path / "train.npz", "--epochs", "3", "--lr", "0.05",
+                   "--val-split", "0.25", "--progress", "plain")
+    assert proc.returncode == 0, proc.stderr
+    losses = [r["train_loss"] for r in _epochs(tmp_path / "a" / "run" / "metrics.jsonl")]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    proc = run_cli("eval", tmp_path / "a", "--data", tmp_path / "train.npz", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["examples"] == 96
+    assert_one_line_error(run_cli("train", tmp_path / "a", "--data", tmp_path / "no_mask.npz", "--restart"),
+                          "no array 'attention_mask'", "['input_ids', 'attention_mask']",
+                          "np.savez('no_mask.npz', input_ids=..., attention_mask=..., labels=...)")

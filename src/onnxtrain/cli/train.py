@@ -5,6 +5,10 @@ Everything a run writes goes to `DIR/run/`: `last.ckpt` (after every epoch, and 
 and `training_curve.png` (with matplotlib). Checkpoints are written atomically and record how far the run got
 (the `onnxtrain.progress` property), so `--resume` continues exactly where it stopped, mid-epoch included.
 
+The data is a .npz file with arrays `x` (inputs) and `y` (labels), as `onnxtrain data` writes it; a model with
+several inputs (a transformer's `input_ids`, `attention_mask`...) takes one array per input, named after it, and
+the labels as `y`: `np.savez("train.npz", input_ids=ids, attention_mask=mask, y=labels)`.
+
 Options come from, in increasing priority: the defaults, the options stored in the artifacts by
 `onnxtrain generate --epochs ...`, and the command line.
 """
@@ -356,7 +360,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train the artifacts on a dataset", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", metavar="DIR", help="the artifact folder written by `onnxtrain generate`")
-    p.add_argument("--data", required=True, metavar="TRAIN.npz", help="training data (see `onnxtrain data`)")
+    p.add_argument("--data", required=True, metavar="TRAIN.npz",
+                   help="training data: arrays x and y (see `onnxtrain data`), or one array per model input by name")
     p.add_argument("--val", metavar="VAL.npz", help="validation data, evaluated after every epoch")
     add_train_options(p)
     p.add_argument("--resume", action="store_true", help="continue the run saved in DIR/run/last.ckpt")

@@ -12,7 +12,9 @@ Format (written by ``np.savez``; read with ``allow_pickle=False``, so a dataset 
 ``onnxtrain data`` converts .npy, .npz, CSV files and folders of images into this format; any program can
 write it with ``np.savez("train.npz", x=x, y=y)``. A file without ``x`` and ``y`` whose arrays are named after
 the model's data input and label input (``np.savez("train.npz", input=x, labels=y)``) is read as well, when the
-caller gives those names (``onnxtrain train`` and ``eval`` do).
+caller gives those names (``onnxtrain train`` and ``eval`` do). A model with several inputs (a transformer's
+``input_ids``, ``attention_mask``, ``token_type_ids``) reads one array per input, by its name, and the labels as
+``y`` or by the label input's name: ``np.savez("train.npz", input_ids=ids, attention_mask=mask, y=labels)``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 
 from onnxtrain.errors import InputError
 from onnxtrain.ir.files import atomic_write_bytes
+from onnxtrain.runtime.loop import Inputs
 
 __all__ = ["Dataset", "DatasetError", "load_dataset", "save_dataset"]
 
@@ -38,7 +41,7 @@ class DatasetError(InputError):
 class Dataset:
     """Inputs ``x``, labels ``y`` (same first dimension) and optional class names."""
 
-    x: np.ndarray
+    x: np.ndarray | Inputs   # Inputs: a model with several inputs, one array per input name
     y: np.ndarray
     classes: list[str] | None = None
 
@@ -48,7 +51,12 @@ class Dataset:
     def validate(self, where: str = "the dataset") -> Dataset:
         """Raise DatasetError for any inconsistency; return self."""
         x, y = self.x, self.y
-        for name, a in (("x", x), ("y", y)):
+        arrays = list(x.arrays.items()) if isinstance(x, Inputs) else [("x", x)]
+        for name, a in arrays[1:]:
+            if isinstance(a, np.ndarray) and a.ndim and len(a) != len(arrays[0][1]):
+                raise DatasetError(f"{where}: {name!r} has {len(a)} examples but {arrays[0][0]!r} has "
+                                   f"{len(arrays[0][1])}; they must match")
+        for name, a in (*arrays, ("y", y)):
             if not isinstance(a, np.ndarray):
                 raise DatasetError(f"{where}: {name} must be a numpy array, got {type(a).__name__}")
             if a.dtype.kind not in "biuf":
@@ -59,7 +67,7 @@ class Dataset:
             raise DatasetError(f"{where}: x has {len(x)} examples but y has {len(y)}; they must match")
         if len(x) == 0:
             raise DatasetError(f"{where} holds no examples")
-        for name, a in (("x", x), ("y", y)):
+        for name, a in (*arrays, ("y", y)):
             if a.dtype.kind == "f" and not np.all(np.isfinite(a)):
                 bad = int(np.argwhere(~np.isfinite(a.reshape(len(a), -1)))[0][0])
                 count = int(np.sum(~np.isfinite(a)))
@@ -80,13 +88,16 @@ class Dataset:
             if self.classes:
                 shown = ", ".join(self.classes[:5]) + (", ..." if len(self.classes) > 5 else "")
                 labels += f" ({shown})"
-        return f"{len(self)} examples: x {self.x.dtype}{list(self.x.shape)}, {labels}"
+        inputs = (", ".join(f"{n} {a.dtype}{list(a.shape)}" for n, a in self.x.arrays.items())
+                  if isinstance(self.x, Inputs) else f"x {self.x.dtype}{list(self.x.shape)}")
+        return f"{len(self)} examples: {inputs}, {labels}"
 
 
 def save_dataset(dataset: Dataset, path: str | os.PathLike) -> None:
-    """Validate ``dataset`` and write it atomically to ``path`` (.npz)."""
+    """Validate ``dataset`` and write it atomically to ``path`` (.npz; several inputs by their names)."""
     dataset.validate(f"dataset for {os.fspath(path)}")
-    arrays = {"x": dataset.x, "y": dataset.y}
+    x = dataset.x.arrays if isinstance(dataset.x, Inputs) else {"x": dataset.x}
+    arrays = {**x, "y": dataset.y}
     if dataset.classes is not None:
         arrays["classes"] = np.asarray(dataset.classes, dtype=np.str_)
     buffer = io.BytesIO()
@@ -97,19 +108,18 @@ def save_dataset(dataset: Dataset, path: str | os.PathLike) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def load_dataset(path: str | os.PathLike, input_names: tuple[str, str] | None = None) -> Dataset:
+def load_dataset(path: str | os.PathLike, input_names: tuple[str | tuple[str, ...], str] | None = None) -> Dataset:
     """Read and validate a dataset file (see the module docstring); every defect is a DatasetError.
     ``input_names``: the model's (data input, label input) names, read in place of ``x`` and ``y`` when the file
-    has those arrays and not ``x`` and ``y``."""
+    has those arrays and not ``x`` and ``y``; with several data inputs (a tuple), the file has one array per
+    input, by its name, and the labels as ``y`` or by the label input's name."""
+    if input_names is not None and not isinstance(input_names[0], str):
+        inputs, label = input_names
+        if len(inputs) > 1:
+            return _load_named(os.fspath(path), tuple(inputs), label)
+        input_names = (inputs[0], label)
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise DatasetError(f"data file not found: {path}")
-    if os.path.isdir(path):
-        raise DatasetError(f"{path} is a folder; expected a .npz dataset file (convert the folder with "
-                           f"`onnxtrain data {path} -o data.npz`)")
-    if not zipfile.is_zipfile(path):
-        hint = "" if path.endswith(".npz") else f" (convert it with `onnxtrain data {path} -o data.npz`)"
-        raise DatasetError(f"{path} is not a .npz dataset file{hint}")
+    _check_file(path)
     try:
         with np.load(path, allow_pickle=False) as npz:
             keys = list(npz.files)
@@ -137,6 +147,43 @@ def load_dataset(path: str | os.PathLike, input_names: tuple[str, str] | None = 
     except (OSError, zipfile.BadZipFile, EOFError) as exc:
         raise DatasetError(f"{path} is corrupt or truncated: {exc}") from None
     return Dataset(x, y, classes).validate(path)
+
+
+def _load_named(path: str, inputs: tuple[str, ...], label: str) -> Dataset:
+    """A dataset for a model with several inputs: one array per input name, the labels as ``y`` or ``label``."""
+    _check_file(path)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            keys = list(npz.files)
+            y_name = "y" if "y" in keys else label
+            missing = [k for k in (*inputs, y_name) if k not in keys]
+            if missing:
+                example = ", ".join(f"{n}=..." for n in (*inputs, label))
+                raise DatasetError(f"{path} has no array {missing[0]!r} (its arrays: {keys}); the model takes the "
+                                   f"inputs {list(inputs)} and the labels {label!r}, so its dataset holds one array "
+                                   f"per input, named after it, and the labels as 'y' or {label!r}: "
+                                   f"np.savez({os.path.basename(path)!r}, {example})")
+            x = Inputs({n: npz[n] for n in inputs})
+            y = npz[y_name]
+            classes = [str(c) for c in npz["classes"]] if "classes" in keys else None
+    except DatasetError:
+        raise
+    except ValueError as exc:
+        raise DatasetError(f"{path} is not a readable .npz file of numeric arrays: {exc}") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise DatasetError(f"{path} is corrupt or truncated: {exc}") from None
+    return Dataset(x, y, classes).validate(path)
+
+
+def _check_file(path: str) -> None:
+    if not os.path.exists(path):
+        raise DatasetError(f"data file not found: {path}")
+    if os.path.isdir(path):
+        raise DatasetError(f"{path} is a folder; expected a .npz dataset file (convert the folder with "
+                           f"`onnxtrain data {path} -o data.npz`)")
+    if not zipfile.is_zipfile(path):
+        hint = "" if path.endswith(".npz") else f" (convert it with `onnxtrain data {path} -o data.npz`)"
+        raise DatasetError(f"{path} is not a .npz dataset file{hint}")
 
 
 _LABEL_NAMES = ("y", "label", "labels", "target", "targets", "class_ids", "classes_ids")

@@ -25,10 +25,34 @@ from onnxtrain.runtime.module import Module
 from onnxtrain.runtime.optimizer import Optimizer
 from onnxtrain.runtime.schedulers import LRScheduler
 
-__all__ = ["METRICS", "Totals", "EpochResult", "batches", "num_batches", "train_epoch", "evaluate", "predict",
-           "check_metrics", "format_metrics"]
+__all__ = ["METRICS", "Inputs", "Totals", "EpochResult", "batches", "num_batches", "train_epoch", "evaluate",
+           "predict", "check_metrics", "format_metrics"]
 
-Batch = tuple[np.ndarray, np.ndarray]
+
+class Inputs:
+    """The data of a model with several inputs (``input_ids``, ``attention_mask``...), by name in the model's order,
+    indexed together: ``inputs[idx]`` selects the same examples of every array, as ``x[idx]`` does for one."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        if not arrays:
+            raise ValueError("Inputs needs at least one array")
+        self.arrays = dict(arrays)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.arrays.values())))
+
+    def __getitem__(self, index) -> Inputs:
+        return Inputs({name: a[index] for name, a in self.arrays.items()})
+
+    def __repr__(self) -> str:
+        return "Inputs(" + ", ".join(f"{n}: {a.dtype}{list(a.shape)}" for n, a in self.arrays.items()) + ")"
+
+
+Batch = tuple["np.ndarray | Inputs", np.ndarray]
+
+
+def _call(module: Module, x: np.ndarray | Inputs, y: np.ndarray):
+    return module(*x.arrays.values(), y) if isinstance(x, Inputs) else module(x, y)
 
 
 # -- metrics: (predictions, labels) -> (sum, count); the metric is sum / count over an epoch ---------------------
@@ -118,8 +142,8 @@ class EpochResult:
         return self.num_examples / self.seconds if self.seconds > 0 else float("nan")
 
 
-def batches(x: np.ndarray, y: np.ndarray, batch_size: int, *, shuffle: bool = False, seed: int = 0, epoch: int = 0,
-            drop_last: bool = False, skip: int = 0) -> Iterator[Batch]:
+def batches(x: np.ndarray | Inputs, y: np.ndarray, batch_size: int, *, shuffle: bool = False, seed: int = 0,
+            epoch: int = 0, drop_last: bool = False, skip: int = 0) -> Iterator[Batch]:
     """Mini-batches of (x, y). The shuffle order depends only on (seed, epoch), so an interrupted epoch can be
     resumed exactly by skipping the ``skip`` batches already done."""
     if batch_size <= 0:
@@ -167,7 +191,7 @@ def train_epoch(module: Module, optimizer: Optimizer, data: Iterable[Batch], *, 
     start = time.perf_counter()
     stopped = False
     for x, y in data:
-        loss, pred = _split_outputs(module(x, y))
+        loss, pred = _split_outputs(_call(module, x, y))
         if not np.isfinite(loss):  # a Module with on_nonfinite="skip" only warns; a loop must not go on
             raise NonFiniteError(f"the training loss is {loss} at step {totals.steps + 1} of the epoch")
         optimizer.step()
@@ -191,7 +215,7 @@ def evaluate(module: Module, data: Iterable[Batch], *, metrics: Sequence[str] = 
     module.eval()
     start = time.perf_counter()
     for x, y in data:
-        loss, pred = _split_outputs(module(x, y))
+        loss, pred = _split_outputs(_call(module, x, y))
         totals.add(loss, len(x), pred, y, metrics)
         if on_step is not None:
             on_step(len(x), loss)
@@ -199,12 +223,12 @@ def evaluate(module: Module, data: Iterable[Batch], *, metrics: Sequence[str] = 
     return EpochResult(totals.loss, totals.metrics(), totals.num_examples, totals.steps, seconds, False, totals)
 
 
-def predict(module: Module, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> np.ndarray:
+def predict(module: Module, x: np.ndarray | Inputs, y: np.ndarray, batch_size: int = 256) -> np.ndarray:
     """The predictions (first additional output) of the eval graph for every example, concatenated."""
     module.eval()
     outs = []
     for xb, yb in batches(x, y, batch_size):
-        _, pred = _split_outputs(module(xb, yb))
+        _, pred = _split_outputs(_call(module, xb, yb))
         if pred is None:
             raise ValueError("predict() needs artifacts generated with additional_output_names=[<model output>]")
         outs.append(pred)
