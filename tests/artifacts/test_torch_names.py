@@ -264,3 +264,31 @@ def test_parameters_the_optimizer_merged_without_a_record_are_named(tmp_path, ca
                                      loss=artifacts.LossType.MSELoss, artifact_directory=tmp_path / "a")
     assert "share a tensor with another parameter" in caplog.text
     assert "layer.multihead_attn.in_proj_bias" in caplog.text
+
+
+def test_an_embedding_that_scales_its_gradient_by_frequency_gets_torch_gradient(tmp_path):
+    """Embedding(scale_grad_by_freq=True): torch divides each lookup's gradient by its index's count in the
+    batch; the dynamo export records the flag (the fourth argument of aten.embedding), which the Gather rule reads
+    (a row looked up 4 times had 4x torch's gradient)."""
+    torch.manual_seed(0)
+
+    class Bag(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(10, 4, scale_grad_by_freq=True)
+            self.head = torch.nn.Linear(4, 3)
+
+        def forward(self, ids):
+            return self.head(self.embedding(ids).mean(1))
+
+    model = Bag().eval()
+    ids = torch.tensor([[1, 1, 2, 3], [1, 5, 1, 0]])
+    exported = _export_with_defaults(model, (ids,), tmp_path / "bag.onnx", ["ids"], None)
+    artifacts.generate_artifacts(exported, requires_grad=None, loss=artifacts.LossType.CrossEntropyLoss,
+                                 artifact_directory=tmp_path / "a")
+    state = CheckpointState.load_checkpoint(tmp_path / "a" / "checkpoint")
+    labels = np.array([0, 2], np.int64)
+    Module(tmp_path / "a" / "training_model.onnx", state)(ids.numpy(), labels)
+    torch.nn.functional.cross_entropy(model(ids), torch.from_numpy(labels)).backward()
+    np.testing.assert_allclose(state.parameters["embedding.weight"].grad, model.embedding.weight.grad.numpy(),
+                               rtol=1e-5, atol=1e-7)

@@ -134,7 +134,8 @@ def graph_signature(graph: onnx.GraphProto) -> dict[str, tuple[str, str]]:
     """The dynamo exporter's record of the torch module's tensors (``p_fc_weight: PARAMETER target='fc.weight'``):
     placeholder -> (kind: PARAMETER, BUFFER, CONSTANT_TENSOR..., torch name); empty for other exporters."""
     text = next((p.value for p in graph.metadata_props if p.key == SIGNATURE), "")
-    return {placeholder: (kind, target) for placeholder, kind, target in _SIGNATURE_LINE.findall(text)}
+    inputs = text.split("# outputs")[0]   # the outputs section names mutated parameters again (max_norm's renorm)
+    return {placeholder: (kind, target) for placeholder, kind, target in _SIGNATURE_LINE.findall(inputs)}
 
 
 def torch_tensors(graph: onnx.GraphProto, kind: str) -> set[str]:

@@ -8,7 +8,7 @@ import onnx
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.registry import register, register_zero_gradient
 from onnxtrain.errors import UnsupportedOpError
-from onnxtrain.ir.torch_records import embedding_padding_index
+from onnxtrain.ir.torch_records import embedding_padding_index, embedding_scales_by_frequency
 from onnxtrain.ir.types import np_dtype
 
 register_zero_gradient(
@@ -186,6 +186,14 @@ def gather(ctx: GradContext):
     idx = ctx.op.Where(ctx.op.Less(indices, ctx.const_like(0, indices)),
                        ctx.op.Add(indices, ctx.op.Cast(ctx.b.squeeze(dim, [0]), to=ctx.elem_type(indices))), indices)
     idx = ctx.op.Cast(ctx.b.unsqueeze(idx, [-1]), to=onnx.TensorProto.INT64)
+    if axis == 0 and embedding_scales_by_frequency(ctx.node):
+        # torch's Embedding(scale_grad_by_freq=True): each lookup's dY divided by its index's count in the batch
+        zeros = ctx.op.ConstantOfShape(dim, value=onnx.numpy_helper.from_array(np.zeros(1, np_dtype(
+            ctx.elem_type(data)))))
+        counts = scatter_add(ctx, zeros, idx, ctx.b.ones_like(indices, ctx.elem_type(data)), nd=True)
+        per_lookup = ctx.op.Gather(counts, ctx.b.squeeze(idx, [-1]))
+        per_lookup = ctx.b.unsqueeze(per_lookup, list(range(rank_i, out_rank))) if out_rank > rank_i else per_lookup
+        dy = ctx.op.Div(dy, per_lookup)
     data_perm = [axis, *range(axis), *range(axis + 1, rank_d)]
     zeros = ctx.b.zeros_like(data, ctx.elem_type(data))
     if axis:

@@ -79,3 +79,10 @@ def embedding_padding_index(node: onnx.NodeProto) -> int | None:
     except ValueError:
         return None
     return index if index >= 0 else None
+
+
+def embedding_scales_by_frequency(node: onnx.NodeProto) -> bool:
+    """Whether the ``torch.nn.Embedding`` a Gather was exported from has ``scale_grad_by_freq=True`` (its gradient
+    divides each looked-up row's share by how often the index occurs in the batch); False without a record."""
+    call = fx_call(node)
+    return call is not None and call.target == "aten.embedding" and len(call.texts) > 3 and call.texts[3] == "True"
