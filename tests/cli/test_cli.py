@@ -190,6 +190,10 @@ def test_ctrl_c_saves_then_resume_finishes(workdir, arts):
     progress = json.loads(run_cli("info", arts, "--json").stdout)["run"]["last"]["progress"]
     done = progress["epoch"]
     assert done >= 1 and progress["global_step"] == 160 * done + progress["batch"]
+    if progress["batch"]:  # stopped mid-epoch: other batches would silently skip the rest of the epoch
+        assert_one_line_error(run_cli("train", arts, "--data", workdir / "train.npz", "--resume", "--epochs",
+                                      done + 1, "--batch-size", "8"), "batches of 2 over 320 examples",
+                              "same --batch-size and data")
     proc = run_cli("train", arts, "--data", workdir / "train.npz", "--resume", "--epochs", done + 1,
                    "--batch-size", "2")
     assert proc.returncode == 0, proc.stderr
@@ -414,3 +418,26 @@ def test_a_model_with_several_inputs_trains_from_arrays_named_after_them(tmp_pat
     assert_one_line_error(run_cli("train", tmp_path / "a", "--data", tmp_path / "no_mask.npz", "--restart"),
                           "no array 'attention_mask'", "['input_ids', 'attention_mask']",
                           "np.savez('no_mask.npz', input_ids=..., attention_mask=..., labels=...)")
+
+
+def test_a_metric_that_does_not_fit_the_task_is_named(tmp_path):
+    """accuracy on a regression's float targets printed 0.0% every epoch; on multi-label targets it raised a
+    numpy broadcasting error."""
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+        initializer=[numpy_helper.from_array(np.ones((3, 4), np.float32), "w"),
+                     numpy_helper.from_array(np.zeros(3, np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "multilabel.onnx")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "ml.npz", x=rng.normal(size=(40, 4)).astype(np.float32),
+             y=(rng.random((40, 3)) > 0.5).astype(np.float32))
+    assert run_cli("generate", tmp_path / "multilabel.onnx", "-o", tmp_path / "a", "--loss", "bce-with-logits",
+                   "--additional-outputs", "y").returncode == 0
+    assert_one_line_error(run_cli("eval", tmp_path / "a", "--data", tmp_path / "ml.npz", "--metrics", "accuracy"),
+                          "the metric 'accuracy' does not fit predictions of shape [40, 3]", "binary_accuracy")
+    proc = run_cli("eval", tmp_path / "a", "--data", tmp_path / "ml.npz", "--metrics", "binary_accuracy")
+    assert proc.returncode == 0 and "binary_accuracy" in proc.stdout, proc.stderr

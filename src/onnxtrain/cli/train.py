@@ -254,6 +254,12 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
         log(header)
 
     x, y = train
+    if resume and done["batch"] and (done.get("batch_size", opts.batch_size), done.get("examples", len(x))) != (
+            opts.batch_size, len(x)):
+        raise CliError(f"the run in {run_dir} stopped in epoch {done['epoch'] + 1} after {done['batch']} batches of "
+                       f"{done.get('batch_size')} over {done.get('examples')} examples; resume it with the same "
+                       f"--batch-size and data (here {opts.batch_size} and {len(x)}), or start over with --restart")
+    done.update(batch_size=opts.batch_size, examples=len(x))
     steps_per_epoch = num_batches(len(x), opts.batch_size)
     scheduler = _make_scheduler(optimizer, opts, steps_per_epoch)
     if scheduler is not None and done["global_step"]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnxtrain.errors import NonFiniteError
+from onnxtrain.errors import InputError, NonFiniteError
 from onnxtrain.runtime.module import Module
 from onnxtrain.runtime.optimizer import Optimizer
 from onnxtrain.runtime.schedulers import LRScheduler
@@ -56,12 +56,20 @@ def _call(module: Module, x: np.ndarray | Inputs, y: np.ndarray):
 
 
 # -- metrics: (predictions, labels) -> (sum, count); the metric is sum / count over an epoch ---------------------
+def _class_indices(pred: np.ndarray, y: np.ndarray) -> None:
+    if y.dtype.kind not in "iu" or pred.ndim != y.ndim + 1:
+        raise ValueError(f"it compares class scores (one more axis than the labels) with integer class indices, "
+                         f"these labels are {y.dtype}")
+
+
 def _accuracy(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
     """Class scores on axis 1 (argmax) against class indices."""
+    _class_indices(pred, y)
     return float(np.sum(np.argmax(pred, axis=1) == y)), int(y.size)
 
 
 def _top5(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+    _class_indices(pred, y)
     k = min(5, pred.shape[1])
     top = np.argpartition(-pred, k - 1, axis=1)[:, :k]
     return float(np.sum(np.any(top == np.expand_dims(y, 1), axis=1))), int(y.size)
@@ -112,7 +120,13 @@ class Totals:
         self.num_examples += n
         self.steps += 1
         for name in metrics:
-            total, count = METRICS[name](pred, y)
+            try:
+                total, count = METRICS[name](pred, y)
+            except ValueError as exc:   # a metric that does not fit the task (accuracy on multi-label targets)
+                raise InputError(f"the metric {name!r} does not fit predictions of shape {list(np.shape(pred))} and "
+                                 f"labels of shape {list(np.shape(y))} ({exc}); choose metrics that fit the loss: "
+                                 "accuracy and top5_accuracy for class scores, binary_accuracy for one logit per "
+                                 "label, mse and mae for regression") from None
             acc = self.metric_sums.setdefault(name, [0.0, 0])
             acc[0] += total
             acc[1] += count
