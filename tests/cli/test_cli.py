@@ -441,3 +441,11 @@ def test_a_metric_that_does_not_fit_the_task_is_named(tmp_path):
                           "the metric 'accuracy' does not fit predictions of shape [40, 3]", "binary_accuracy")
     proc = run_cli("eval", tmp_path / "a", "--data", tmp_path / "ml.npz", "--metrics", "binary_accuracy")
     assert proc.returncode == 0 and "binary_accuracy" in proc.stdout, proc.stderr
+
+
+def test_an_empty_file_is_not_taken_for_an_empty_model(tmp_path):
+    """protobuf parses b"" as a ModelProto: `info` printed a model of 0 nodes and exited 0."""
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    assert_one_line_error(run_cli("info", tmp_path / "empty.onnx"), "is not an ONNX model: the file is empty")
+    assert_one_line_error(run_cli("generate", tmp_path / "empty.onnx", "-o", tmp_path / "a", "--loss", "mse"),
+                          "the file is empty")

@@ -158,8 +158,12 @@ def test_image_folder(tmp_path):
 def test_bad_image_folders(tmp_path):
     with pytest.raises(DatasetError, match="images differ in size.*--image-size"):
         read_image_folder(_images(tmp_path / "s", {"a": (5, 5), "b": (7, 3)}))
+    # as torchvision's ImageFolder: a file without an image extension is not an example; a broken image is an error
     (tmp_path / "s" / "b" / "notes.txt").write_text("hi")
-    with pytest.raises(DatasetError, match="notes.txt as an image"):
+    with pytest.warns(UserWarning, match="1 files without an image extension .*notes.txt"):
+        assert len(read_image_folder(str(tmp_path / "s"), size=(4, 4))) == 4
+    (tmp_path / "s" / "b" / "broken.png").write_text("hi")
+    with pytest.raises(DatasetError, match="broken.png as an image"):
         read_image_folder(str(tmp_path / "s"), size=(4, 4))
     os.makedirs(tmp_path / "e" / "empty")
     with pytest.raises(DatasetError, match="holds no images"):

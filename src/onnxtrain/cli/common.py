@@ -26,9 +26,13 @@ def read_model(path: str, what: str) -> onnx.ModelProto:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{what} not found: {path}")
     try:
-        return onnx.load(path)
+        model = onnx.load(path)
     except Exception as exc:
         raise CliError(f"{path} is not a valid ONNX model ({type(exc).__name__}: {exc})") from None
+    if not model.opset_import and not model.graph.node and not model.ir_version:  # protobuf parses b"" too
+        raise CliError(f"{path} is not an ONNX model: " + ("the file is empty" if os.path.getsize(path) == 0 else
+                                                          "it holds no graph, opset or IR version"))
+    return model
 
 
 def quiet_onnxruntime() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import os
+import warnings
 import zipfile
 from collections.abc import Sequence
 
@@ -145,6 +146,9 @@ def read_csv(path: str, label_column: str | int = -1, delimiter: str | None = No
     return Dataset(x, y, classes)
 
 
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".pgm", ".pbm", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
 def read_image_folder(path: str, size: tuple[int, int] | None = None, color: str = "auto") -> Dataset:
     """A folder with one sub-folder of images per class; sub-folders in sorted order are classes 0, 1, ...
 
@@ -164,13 +168,16 @@ def read_image_folder(path: str, size: tuple[int, int] | None = None, color: str
     classes = sorted(d for d in os.listdir(path) if os.path.isdir(os.path.join(path, d)) and not d.startswith("."))
     if not classes:
         raise DatasetError(f"{path} has no sub-folders; put the images of each class in a sub-folder named after it")
-    images, labels, files_read = [], [], []
+    images, labels, files_read, skipped = [], [], [], []
     for label, name in enumerate(classes):
         folder = os.path.join(path, name)
         files = sorted(f for f in os.listdir(folder) if not f.startswith(".")
                        and os.path.isfile(os.path.join(folder, f)))
+        # as torchvision's ImageFolder: files without an image extension (notes.txt, Thumbs.db) are not examples
+        skipped += [os.path.join(folder, f) for f in files if not f.lower().endswith(IMAGE_EXTENSIONS)]
+        files = [f for f in files if f.lower().endswith(IMAGE_EXTENSIONS)]
         if not files:
-            raise DatasetError(f"class folder {folder} holds no images")
+            raise DatasetError(f"class folder {folder} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
         for file in files:
             file_path = os.path.join(folder, file)
             try:
@@ -181,6 +188,9 @@ def read_image_folder(path: str, size: tuple[int, int] | None = None, color: str
             except (UnidentifiedImageError, OSError, SyntaxError) as exc:
                 raise DatasetError(f"cannot read {file_path} as an image: {exc}") from None
             labels.append(label)
+    if skipped:
+        warnings.warn(f"{len(skipped)} files without an image extension are not examples and were skipped (e.g. "
+                      f"{skipped[0]})", stacklevel=2)
     gray = color == "gray" or (color == "auto" and all(im.mode in ("1", "L", "I", "I;16", "F") for im in images))
     mode = "L" if gray else "RGB"
     arrays = []
