@@ -166,6 +166,15 @@ def test_cross_entropy_on_axis_one_of_sequence_logits_warns(tmp_path, caplog):
     with pytest.raises(ValueError, match="class_axis=3"):
         generate_artifacts(_sequence_scorer(), loss=blocks.CrossEntropyLoss(class_axis=3),
                            artifact_directory=tmp_path / "c")
+    # exported with a fixed sequence length, (2, 6, 50) logits: axis 1 shorter than the last, the same hint
+    static = _sequence_scorer(vocab=50)
+    for dim, size in zip(static.graph.input[0].type.tensor_type.shape.dim, (2, 6, 3)):
+        dim.dim_value = size
+    for dim, size in zip(static.graph.output[0].type.tensor_type.shape.dim, (2, 6, 50)):
+        dim.dim_value = size
+    caplog.clear()
+    generate_artifacts(static, loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path / "d")
+    assert "class_axis=-1" in caplog.text
 
 
 def test_custom_loss_block(tmp_path):

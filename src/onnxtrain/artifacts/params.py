@@ -100,7 +100,9 @@ def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str, s
                              "parameter of equal values (a fresh model's zero biases), read by nodes that record no "
                              "torch call to tell them apart; export with optimize=False to train it")
         if not hits:
-            close = [c for c in candidates if name.split(".")[-1] in c][:5]
+            # a torch name without the prefix of a wrapping module ('2.*' for 'm.2.*'), else a similar name
+            close = ([c for c in candidates if fnmatch.fnmatchcase(c, "*." + name)][:5]
+                     or [c for c in candidates if name.split(".")[-1] in c][:5])
             made_up = [c for c in candidates if c.startswith("onnx::")]
             raise ValueError(f"{what}: {name!r} is not an initializer of the model"
                              + (f" (similar names: {close})" if close else f" ({len(candidates)} initializers)")

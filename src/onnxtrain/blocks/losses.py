@@ -127,10 +127,11 @@ class _ClassIndexLoss(_Loss):
                 raise ValueError(f"{type(self).__name__}(class_axis={axis}): {scores!r} has rank {rank}; the class "
                                  "axis must be one of its axes after the batch axis 0")
             axis %= rank
-        elif rank is not None and rank >= 3 and info.shape is not None and not isinstance(info.shape[1], int) \
-                and isinstance(info.shape[-1], int):
-            logger.warning("%s reads the classes on axis 1 of %r, shaped %s: that axis has a run-time size and the "
-                           "last one a fixed size; if the classes are on the last axis (a language model's (batch, "
+        elif rank is not None and rank >= 3 and info.shape is not None and isinstance(info.shape[-1], int) and (
+                not isinstance(info.shape[1], int) or (rank == 3 and info.shape[-1] > info.shape[1])):
+            # (batch, sequence, vocabulary) logits exported with a fixed sequence length look like (N, C, T) too
+            logger.warning("%s reads the classes on axis 1 of %r, shaped %s: that axis has a run-time size or is "
+                           "shorter than the last; if the classes are on the last axis (a language model's (batch, "
                            "sequence, vocabulary) logits), use blocks.%s(class_axis=-1)", type(self).__name__,
                            str(scores), tuple(info.shape), type(self).__name__)
         label = _class_labels(self.context, scores, labels, axis)
