@@ -128,9 +128,9 @@ def test_npy_npz_and_unknown_files(tmp_path):
     with pytest.raises(DatasetError, match="--x-key"):
         read_any(str(tmp_path / "d.npz"))
     assert read_any(str(tmp_path / "d.npz"), x_key="images", y_key="labels").x.shape == (4, 2)
-    (tmp_path / "d.bin").write_bytes(b"")
+    (tmp_path / "d.xyz").write_bytes(b"")
     with pytest.raises(DatasetError, match="unknown file type"):
-        read_any(str(tmp_path / "d.bin"))
+        read_any(str(tmp_path / "d.xyz"))
     with pytest.raises(DatasetError, match="cannot reshape"):
         reshape(ds, (3,))
     assert reshape(ds, (1, 2, 1)).x.shape == (4, 1, 2, 1)
@@ -268,3 +268,29 @@ def test_token_ids_stored_as_floats_are_cast_and_fractions_get_the_dtype_option(
     assert x.dtype == np.int64 and x.tolist() == [[1, 2, 3, 4]]
     with pytest.raises(DatasetError, match="--dtype int64"):
         fit_dataset(Dataset(np.array([[1.5, 2, 3, 4]], np.float32), np.array([1])), spec, "d")
+
+
+def test_onert_raw_files_and_one_hot_labels(tmp_path):
+    """ONERT's raw data (generate_datafile, onert_train --load_input:raw): float32 values one after the other and
+    one-hot expected outputs, which become class indices; a one-hot .npz gets a hint instead of a bare shape error."""
+    from onnxtrain.data import read_any
+
+    rng = np.random.default_rng(0)
+    x = rng.random((5, 1, 4, 4)).astype(np.float32)
+    classes = np.array([0, 2, 1, 2, 0])
+    x.tofile(tmp_path / "input.bin")
+    np.eye(3, dtype=np.float32)[classes].tofile(tmp_path / "expected.bin")
+    ds = read_any(str(tmp_path / "input.bin"), labels=str(tmp_path / "expected.bin"), shape=(1, 4, 4))
+    np.testing.assert_array_equal(ds.x, x)
+    assert ds.y.dtype == np.int64 and ds.y.tolist() == classes.tolist()
+    with pytest.raises(DatasetError, match="--shape"):
+        read_any(str(tmp_path / "input.bin"), labels=str(tmp_path / "expected.bin"))
+    with pytest.raises(DatasetError, match="not a whole number of examples"):
+        read_any(str(tmp_path / "input.bin"), labels=str(tmp_path / "expected.bin"), shape=(1, 3, 3))
+    from onnxtrain.data.match import DataSpec
+    from onnxtrain.runtime.backends.base import TensorMeta
+
+    spec = DataSpec(TensorMeta("x", np.dtype(np.float32), ("N", 1, 4, 4)), TensorMeta("labels", np.dtype(np.int64),
+                                                                                     ("N",)))
+    with pytest.raises(DatasetError, match=r"look one-hot: .*np.argmax\(y, axis=-1\)"):
+        fit_dataset(Dataset(x, np.eye(3, dtype=np.float32)[classes]), spec, "d")

@@ -39,9 +39,11 @@ def _size(text: str) -> tuple[int, int]:
 def add_parser(sub) -> None:
     p = sub.add_parser("data", help="convert .npy/.npz/CSV/image folders into a dataset file", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("input", metavar="INPUT", help=".npz, .npy, .csv/.tsv/.txt, or a folder of class sub-folders")
+    p.add_argument("input", metavar="INPUT", help=".npz, .npy, .csv/.tsv/.txt, ONERT's raw float32 .bin (with "
+                   "--labels and --shape), or a folder of class sub-folders")
     p.add_argument("-o", "--output", required=True, metavar="OUT.npz", help="the dataset file to write")
-    p.add_argument("--labels", metavar="LABELS.npy", help="the labels, for an .npy INPUT")
+    p.add_argument("--labels", metavar="LABELS.npy", help="the labels, for an .npy INPUT (a raw .bin for a .bin "
+                   "INPUT: onert's expected outputs; one-hot rows become class indices)")
     p.add_argument("--x-key", default="x", help="array name of the inputs in an .npz INPUT (default x)")
     p.add_argument("--y-key", default="y", help="array name of the labels in an .npz INPUT (default y)")
     p.add_argument("--label-column", default="-1", help="CSV label column: a header name or an index (default -1, "
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     header = {"auto": None, "yes": True, "no": False}[args.header]
     ds = read_any(args.input, labels=args.labels, x_key=args.x_key, y_key=args.y_key,
                   label_column=args.label_column, delimiter=args.delimiter, header=header,
-                  image_size=args.image_size, color=args.color)
+                  image_size=args.image_size, color=args.color, shape=args.shape)
     ds.validate(args.input)
     try:
         dtype = np.dtype(args.dtype)

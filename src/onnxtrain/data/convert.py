@@ -206,10 +206,42 @@ def read_image_folder(path: str, size: tuple[int, int] | None = None, color: str
     return Dataset(np.stack(arrays), np.asarray(labels, dtype=np.int64), classes)
 
 
+RAW_EXTENSIONS = (".bin", ".raw", ".dat")
+
+
+def read_raw(path: str, labels: str | None, shape: Sequence[int] | None) -> Dataset:
+    """ONERT's raw data files (``onert_train --load_input:raw``, as ``generate_datafile`` writes them): the
+    examples' float32 values one after the other, ``shape`` per example, and the expected outputs likewise. One-hot
+    expected outputs (onert's cross-entropy takes them) become class indices."""
+    if labels is None:
+        raise DatasetError(f"{path} holds the inputs only; give the expected outputs with --labels EXPECTED.bin")
+    if not shape:
+        raise DatasetError(f"{path} is a raw file of float32 values with no shape: give each example's with "
+                           "--shape (e.g. --shape 1,28,28)")
+    per_example = int(np.prod(shape))
+    x = np.fromfile(path, dtype="<f4")
+    if x.size == 0 or x.size % per_example:
+        raise DatasetError(f"{path} holds {x.size} float32 values, not a whole number of examples of shape "
+                           f"{list(shape)} ({per_example} values each)")
+    x = x.reshape(-1, *shape)
+    y = np.fromfile(labels, dtype="<f4")
+    if y.size == 0 or y.size % len(x):
+        raise DatasetError(f"{labels} holds {y.size} float32 values, not the same number for each of the "
+                           f"{len(x)} examples of {path}")
+    y = y.reshape(len(x), -1)
+    if y.shape[1] == 1:
+        y = y[:, 0]
+    elif np.all((y == 0) | (y == 1)) and np.all(y.sum(axis=1) == 1):
+        y = np.argmax(y, axis=1).astype(np.int64)  # one-hot -> class indices
+    return Dataset(x, y)
+
+
 def read_any(path: str, *, labels: str | None = None, x_key: str = "x", y_key: str = "y",
              label_column: str | int = -1, delimiter: str | None = None, header: bool | None = None,
-             image_size: tuple[int, int] | None = None, color: str = "auto") -> Dataset:
-    """Pick the reader from ``path``: a folder of images, .npz, .npy, or CSV (.csv, .tsv, .txt)."""
+             image_size: tuple[int, int] | None = None, color: str = "auto",
+             shape: Sequence[int] | None = None) -> Dataset:
+    """Pick the reader from ``path``: a folder of images, .npz, .npy, CSV (.csv, .tsv, .txt), or ONERT's raw
+    float32 files (.bin, .raw, .dat; ``shape`` per example)."""
     if not os.path.exists(path):
         raise DatasetError(f"file not found: {path}")
     if os.path.isdir(path):
@@ -221,8 +253,11 @@ def read_any(path: str, *, labels: str | None = None, x_key: str = "x", y_key: s
         return read_npy(path, labels)
     if ext in (".csv", ".tsv", ".txt"):
         return read_csv(path, label_column, "\t" if ext == ".tsv" and delimiter is None else delimiter, header)
+    if ext in RAW_EXTENSIONS:
+        return read_raw(path, labels, shape)
     raise DatasetError(f"{path}: unknown file type {ext or '(no extension)'!r}; onnxtrain data reads .npy "
-                       "(with --labels), .npz, .csv/.tsv/.txt, or a folder of images with one sub-folder per class")
+                       "(with --labels), .npz, .csv/.tsv/.txt, ONERT's raw float32 .bin files (with --labels and "
+                       "--shape), or a folder of images with one sub-folder per class")
 
 
 def reshape(dataset: Dataset, shape: Sequence[int]) -> Dataset:

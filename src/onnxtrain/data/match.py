@@ -168,5 +168,8 @@ def _fit_labels(y: np.ndarray, spec: DataSpec, where: str) -> np.ndarray:
             raise DatasetError(f"{where}: the labels y are {y.dtype}; the model's {want_y.name!r} takes "
                                f"{describe(want_y)}")
         y = y.astype(want_y.dtype)
-    y = _fit_shape(y, want_y.shape, "the labels y", want_y.name, where, "")
+    one_hot = (want_y.dtype.kind in "iu" and want_y.shape is not None and y.ndim == len(want_y.shape) + 1
+               and np.all((y == 0) | (y == 1)) and np.all(y.sum(axis=-1) == 1))
+    hint = "; they look one-hot: store class indices instead, np.argmax(y, axis=-1)" if one_hot else ""
+    y = _fit_shape(y, want_y.shape, "the labels y", want_y.name, where, hint)
     return np.asarray(y, order="C")
