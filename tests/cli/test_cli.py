@@ -245,6 +245,15 @@ def test_ops_prints_the_table_or_one_line():
     assert lines[0].split()[:3] == ["op", "version", "status"]
     assert [ln.split()[0] for ln in lines[1:]] == ["Conv", "Relu"] and all(" rule " in ln for ln in lines[1:])
     assert_one_line_error(run_cli("ops", "NotAnOp"), "'NotAnOp'")
+    assert_one_line_error(run_cli("ops", "Conv", "Foo", "Bar"), "'Foo', 'Bar' are not default-domain ONNX ops")
+
+
+def test_ops_of_a_model(workdir):
+    """`onnxtrain ops MODEL.onnx`: the coverage of the model's own op types (a model's path was an unknown op)."""
+    proc = run_cli("ops", workdir / "cnn.onnx")
+    assert proc.returncode == 0, proc.stderr
+    model_ops = sorted({n.op_type for n in onnx.load(workdir / "cnn.onnx").graph.node})
+    assert [ln.split()[0] for ln in proc.stdout.splitlines()[1:]] == model_ops
 
 
 # -- bad input: one line on stderr, non-zero exit, never a traceback -------------------------------------------------

@@ -13,7 +13,8 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub) -> None:
     p = sub.add_parser("ops", help="print the gradient coverage of the ONNX ops", description=__doc__)
-    p.add_argument("ops", nargs="*", metavar="OP", help="only these ops (e.g. Conv Gelu)")
+    p.add_argument("ops", nargs="*", metavar="OP", help="only these ops (e.g. Conv Gelu), or MODEL.onnx: the ops "
+                   "of that model")
     p.add_argument("--status", help="only ops with this status (e.g. rule, unsupported)")
     p.add_argument("--markdown", action="store_true", help="print the Markdown table of the documentation")
     p.set_defaults(run=run)
@@ -46,11 +47,25 @@ def run(args: argparse.Namespace) -> int:
         print(coverage.markdown(entries))
         return 0
     rows = [_row(e) for e in entries]
+    models = [op for op in args.ops if op.endswith(".onnx")]
+    if models:   # the model's default-domain op types, in the table's spelling
+        from onnxtrain.cli.common import read_model
+
+        found = []
+        for path in models:
+            model = read_model(path, "model")
+            found += [n.op_type for n in model.graph.node if n.domain in ("", "ai.onnx")]
+            others = sorted({f"{n.domain}.{n.op_type}" for n in model.graph.node if n.domain not in ("", "ai.onnx")})
+            if others:
+                print(f"{path}: ops outside the default domain: {', '.join(others)}")
+        args.ops = [op for op in args.ops if not op.endswith(".onnx")] + sorted(set(found))
     if args.ops:
         known = {str(r.get("op")).lower(): r for r in rows}
         unknown = [op for op in args.ops if op.lower() not in known]
         if unknown:
-            raise CliError(f"{unknown[0]!r} is not a default-domain ONNX op")
+            raise CliError(f"{', '.join(map(repr, unknown))} {'is not a' if len(unknown) == 1 else 'are not'} "
+                           "default-domain ONNX op" + ("" if len(unknown) == 1 else "s") + " (a model's path ends "
+                           "in .onnx)")
         rows = [known[op.lower()] for op in args.ops]
     if args.status:
         statuses = sorted({str(r.get("status")) for r in rows})
