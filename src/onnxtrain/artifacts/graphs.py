@@ -24,6 +24,7 @@ from onnxtrain.ir.pass_infra import PassManager
 from onnxtrain.ir.passes import (
     constant_values,
     default_opset,
+    fresh_name,
     node_inputs,
     portable_ir_version,
     rename_values,
@@ -120,6 +121,22 @@ def _check_scalar_loss(info: TensorInfo | None, loss: Block, first_input: str) -
                      "block)")
 
 
+def _squeeze_loss(full: onnx.GraphProto, infos: dict[str, TensorInfo], loss_name: str) -> None:
+    """A loss of one number kept in a [1] or [1, 1] tensor becomes a scalar, as the runtimes bind it (onnxruntime
+    1.17 refuses a 0-d buffer for an output declared [1, 1]): its producer writes a new value, which a Reshape to
+    [] makes the loss (in place: ``full`` and ``infos``)."""
+    taken = used_names(full)
+    kept = fresh_name(f"{loss_name}/kept_dims", taken)
+    shape = fresh_name(f"{loss_name}/scalar_shape", taken | {kept})
+    producer = next(n for n in full.node if loss_name in n.output)
+    producer.output[list(producer.output).index(loss_name)] = kept
+    full.initializer.append(onnx.numpy_helper.from_array(np.zeros(0, np.int64), shape))
+    full.node.append(helper.make_node("Reshape", [kept, shape], [loss_name], name=f"{loss_name}/to_scalar"))
+    infos[kept] = infos[loss_name]
+    infos[loss_name] = TensorInfo(infos[kept].elem_type, ())
+    infos[shape] = TensorInfo(onnx.TensorProto.INT64, (0,))
+
+
 def _with_loss_infos(model: onnx.ModelProto, infos: dict[str, TensorInfo], full: onnx.GraphProto,
                      lb: GraphBuilder, labels: list[onnx.ValueInfoProto]) -> dict[str, TensorInfo]:
     """The infos of ``full`` (the unchanged forward graph, whose ``infos`` are known, and the loss nodes of ``lb``):
@@ -211,17 +228,18 @@ def _unbiased_running_var(acc: GraphBuilder, node: onnx.NodeProto, out: str, ele
     biased variance b; torch with the unbiased one, b n / (n - 1), n the values per channel (at batch 4 of a
     BatchNorm1d the running variance drifted 10 % from torch's). So the node reads zeros for v, giving (1 - m) b,
     and out = m v + (1 - m) b n / (n - 1), on per-channel vectors only; n = 1 (torch refuses it) keeps the biased
-    update rather than dividing by 0. The zeros are computed from m v, so that m v is read before the node runs:
-    onnxruntime writes the node's running-variance output into its input's memory, even a graph input another
-    node reads (measured: the old v came out as the new one)."""
+    update rather than dividing by 0. The node must not read v itself: onnxruntime's kernel writes the running
+    variance into that input's memory, even a graph input another node reads (measured: m v then read the new
+    variance), or a constant (zeros from ConstantOfShape were folded into one, and the next step read the last
+    update there). So the zeros are v * 0, computed at every run."""
     op = acc.op
     dtype = helper.tensor_dtype_to_np_dtype(elem_type)
     momentum = next((a.f for a in node.attribute if a.name == "momentum"), 0.9)
     first = len(acc.nodes)
-    kept = op.Mul(node.input[4], acc.const(np.array(momentum, dtype)))
-    zeros = op.Mul(kept, acc.const(np.array(0, dtype)))
+    zeros = op.Mul(node.input[4], acc.const(np.array(0, dtype)))
     before = acc.nodes[first:]
     del acc.nodes[first:]
+    kept = op.Mul(node.input[4], acc.const(np.array(momentum, dtype)))
     reading_zeros = onnx.NodeProto()
     reading_zeros.CopyFrom(node)
     reading_zeros.input[4] = zeros
@@ -273,6 +291,9 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
              else _with_loss_infos(model, infos, full, lb, labels))
 
     _check_scalar_loss(infos.get(loss_name), loss, loss_inputs[0])
+    if infos.get(loss_name) is not None and infos[loss_name].shape:
+        _squeeze_loss(full, infos, loss_name)
+        forward_nodes = _copy_nodes(full.node)
 
     full_names = used_names(full)
     gb = GraphBuilder(default_opset(model), taken=full_names, prefix="grad/")
