@@ -513,3 +513,26 @@ def test_an_empty_batch_and_a_single_output_name_are_handled(mlp_dir, tmp_path):
         module(np.zeros((0, 8), np.float32), np.zeros(0, np.int64))
     module.export_model_for_inferencing(tmp_path / "one.onnx", "output")   # a name, not its letters
     assert [o.name for o in onnx.load(tmp_path / "one.onnx").graph.output] == ["output"]
+
+
+def test_a_skipped_step_leaves_the_running_statistics_as_they_were(tmp_path, rng):
+    """A batch whose loss is NaN skips the optimizer step; its BatchNorm statistics used to replace the running
+    ones all the same (NaN from then on, in every eval), and onnxruntime's kernel wrote them into the checkpoint's
+    buffers as it ran."""
+    generate_artifacts(models.conv_bn(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path)
+    state, module = load(tmp_path)
+    optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    x, y = rng.standard_normal((6, 2, 6, 6)).astype(np.float32), rng.integers(0, 3, 6).astype(np.int64)
+    module(x, y)
+    optimizer.step()
+    module.lazy_reset_grad()
+    before = {name: state.buffers[name].copy() for name in state.buffers}
+    bad = x * 3
+    bad[0, 0, 0, 0] = np.nan
+    with pytest.warns(RuntimeWarning, match="not finite"):
+        assert np.isnan(module(bad, y))
+    for name in state.buffers:
+        np.testing.assert_array_equal(state.buffers[name], before[name], err_msg=name)
+    module(x, y)   # the next finite batch updates them again
+    assert not np.array_equal(state.buffers["bn.running_mean"], before["bn.running_mean"])

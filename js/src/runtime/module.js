@@ -144,11 +144,14 @@ export class Module {
         'training step');
       for (const [output, view] of this._gradOutputs) view.set(outputs[output].data);
     }
-    for (const [name, t] of state.buffers) t.data.set(outputs[names.bufferOutputName(name)].data);
     this._callsSinceStep += 1;
     this._resetPending = false;
     const loss = outputs[this._train.outputNames[0]];
     this.lastLossFinite = Number.isFinite(Number(loss.data[0]));
+    // a batch whose loss is not finite leaves the running statistics as they were, as in Python
+    if (this.lastLossFinite) {
+      for (const [name, t] of state.buffers) t.data.set(outputs[names.bufferOutputName(name)].data);
+    }
     if (!this.lastLossFinite) {
       this.nonfiniteSteps += 1;
       console.warn(`onnxtrain: the training loss is ${loss.data[0]} (not finite); the next optimizer step will be skipped`);

@@ -182,77 +182,83 @@ def _buffer_outputs(acc: GraphBuilder, nodes: list[onnx.NodeProto], buffers: lis
                     infos: dict[str, TensorInfo], keep: Sequence[str]
                     ) -> tuple[list[onnx.ValueInfoProto], list[onnx.NodeProto]]:
     """Expose the running statistics that training-mode BatchNormalization nodes compute as graph outputs
-    (under the runtime's names; a value the model itself reads, or ``keep``, is passed on by an Identity).
-    Returns the outputs and the training graph's forward nodes: ``nodes`` with each such BatchNormalization
-    replaced by the nodes of :func:`_unbiased_running_var` and its copy (``nodes`` stay the eval graph's)."""
+    (under the runtime's names), updated as torch updates them (:func:`_running_statistics`). Returns the
+    outputs and the training graph's forward nodes: ``nodes`` with each such BatchNormalization replaced by the
+    nodes that run in its place (``nodes`` stay the eval graph's)."""
     outputs = []
-    read: set[str] = set()
+    read = {x for n in nodes for x in node_inputs(n)} | set(keep)
     forward: list[onnx.NodeProto] = []
     for node in nodes:
-        if node.op_type != "BatchNormalization" or not any(a.name == "training_mode" and a.i for a in node.attribute):
+        training = node.op_type == "BatchNormalization" and any(a.name == "training_mode" and a.i
+                                                                 for a in node.attribute)
+        stats = [(k, node.input[k + 2]) for k in (1, 2) if training and node.input[k + 2] in buffers]
+        if not stats:
             forward.append(node)
             continue
         outs = list(node.output) + [""] * (3 - len(node.output))
-        for k, buffer in ((1, node.input[3]), (2, node.input[4])):
-            if buffer in buffers:
-                if k == 2:
-                    outs[2] = outs[2] or acc.unique(f"{buffer}/biased_update")
-                    continue
-                if outs[k] and not read:
-                    read = {x for n in nodes for x in node_inputs(n)} | set(keep)
+        if any(outs[k] and outs[k] in read for k, _ in stats):
+            # the model reads a running statistic itself (rare): the node's own update, passed on by an Identity
+            for k, buffer in stats:
                 if outs[k] and outs[k] in read:
                     acc.node("Identity", [outs[k]], [names.buffer_output_name(buffer)])
                 else:
                     outs[k] = names.buffer_output_name(buffer)
-                outputs.append(helper.make_tensor_value_info(names.buffer_output_name(buffer),
-                                                             infos[buffer].elem_type, infos[buffer].shape))
-        del node.output[:]
-        node.output.extend(outs)
-        if node.input[4] in buffers:
-            buffer = node.input[4]
-            forward += _unbiased_running_var(acc, node, names.buffer_output_name(buffer), infos[buffer].elem_type,
-                                             infos.get(node.input[0]))
-            outputs.append(helper.make_tensor_value_info(names.buffer_output_name(buffer), infos[buffer].elem_type,
-                                                         infos[buffer].shape))
-        else:
+            del node.output[:]
+            node.output.extend(outs)
             forward.append(node)
+        else:
+            forward += _running_statistics(acc, node, dict(stats), infos)
+        outputs += [helper.make_tensor_value_info(names.buffer_output_name(b), infos[b].elem_type, infos[b].shape)
+                    for _, b in stats]
     return outputs, forward
 
 
-def _unbiased_running_var(acc: GraphBuilder, node: onnx.NodeProto, out: str, elem_type: int,
-                          x_info: TensorInfo | None) -> list[onnx.NodeProto]:
-    """``out`` = the running variance as torch updates it, around a training-mode BatchNormalization ``node``;
-    returns the nodes to run in its place (the rest go to ``acc``).
+def _running_statistics(acc: GraphBuilder, node: onnx.NodeProto, stats: dict[int, str],
+                        infos: dict[str, TensorInfo]) -> list[onnx.NodeProto]:
+    """The running statistics ``stats`` (output index -> buffer) of a training-mode BatchNormalization ``node``
+    as torch updates them, under the runtime's buffer output names; returns the nodes to run in the node's place
+    (the rest go to ``acc``, after the backward).
 
-    ONNX's BatchNormalization (and onnxruntime's kernel) updates running_var = m v + (1 - m) b with the batch's
-    biased variance b; torch with the unbiased one, b n / (n - 1), n the values per channel (at batch 4 of a
-    BatchNorm1d the running variance drifted 10 % from torch's). So the node reads zeros for v, giving (1 - m) b,
-    and out = m v + (1 - m) b n / (n - 1), on per-channel vectors only; n = 1 (torch refuses it) keeps the biased
-    update rather than dividing by 0. The node must not read v itself: onnxruntime's kernel writes the running
-    variance into that input's memory, even a graph input another node reads (measured: m v then read the new
-    variance), or a constant (zeros from ConstantOfShape were folded into one, and the next step read the last
-    update there). So the zeros are v * 0, computed at every run."""
+    ONNX's BatchNormalization (and onnxruntime's kernel) updates running = m r + (1 - m) s with the batch's mean,
+    and for the variance its biased variance b; torch with the unbiased one, b n / (n - 1), n the values per
+    channel (at batch 4 of a BatchNorm1d the running variance drifted 10 % from torch's). onnxruntime's kernel
+    also writes the updates into its running-statistic inputs' memory, whatever else reads them: bound to the
+    checkpoint's buffers, a step whose loss is not finite (skipped) would still overwrite them. So the node reads
+    r * 0, computed at every run (zeros from ConstantOfShape were folded into a constant that the kernel then wrote
+    into), and gives (1 - m) s; the update m r + (1 - m) s (times n / (n - 1) for the variance) is made on
+    per-channel vectors after it. n = 1 (torch refuses it) keeps the biased update rather than dividing by 0."""
     op = acc.op
-    dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+    dtype = helper.tensor_dtype_to_np_dtype(infos[next(iter(stats.values()))].elem_type)
     momentum = next((a.f for a in node.attribute if a.name == "momentum"), 0.9)
     first = len(acc.nodes)
-    zeros = op.Mul(node.input[4], acc.const(np.array(0, dtype)))
+    zero = acc.const(np.array(0, dtype))
+    zeros = {k: op.Mul(buffer, zero) for k, buffer in stats.items()}
     before = acc.nodes[first:]
     del acc.nodes[first:]
-    kept = op.Mul(node.input[4], acc.const(np.array(momentum, dtype)))
     reading_zeros = onnx.NodeProto()
     reading_zeros.CopyFrom(node)
-    reading_zeros.input[4] = zeros
-    static = x_info.static_shape if x_info is not None else None
-    if static is not None:
-        n = int(np.prod(static)) // static[1]
-        factor = acc.const(np.array(n / max(n - 1, 1), dtype))
-    else:
-        x = node.input[0]
-        n = op.Cast(op.Div(op.Size(x), op.Gather(op.Shape(x), acc.ints([1]))), to=elem_type)
-        one = acc.const(np.array([1], dtype))
-        factor = op.Div(n, op.Max(op.Sub(n, one), one))
-    acc.node("Add", [kept, op.Mul(node.output[2], factor)], [out])
+    del reading_zeros.output[:]
+    outs = list(node.output) + [""] * (3 - len(node.output))
+    for k in stats:
+        reading_zeros.input[k + 2] = zeros[k]
+        outs[k] = acc.unique(f"{stats[k]}/batch_share")
+    reading_zeros.output.extend(outs)
+    m = acc.const(np.array(momentum, dtype))
+    for k, buffer in stats.items():
+        share = outs[k]
+        if k == 2:
+            x_info = infos.get(node.input[0])
+            static = x_info.static_shape if x_info is not None else None
+            if static is not None:
+                n = int(np.prod(static)) // static[1]
+                factor = acc.const(np.array(n / max(n - 1, 1), dtype))
+            else:
+                x = node.input[0]
+                count = op.Cast(op.Div(op.Size(x), op.Gather(op.Shape(x), acc.ints([1]))), to=infos[buffer].elem_type)
+                one = acc.const(np.array([1], dtype))
+                factor = op.Div(count, op.Max(op.Sub(count, one), one))
+            share = op.Mul(share, factor)
+        acc.node("Add", [op.Mul(buffer, m), share], [names.buffer_output_name(buffer)])
     return [*before, reading_zeros]
 
 

@@ -198,10 +198,11 @@ class TrainingRun:
             self._prepared = PreparedUpdate(self._update, float(self._update.learning_rate), values.version)
         self._calls_since_step += 1
         values.grads.swap()
-        for b in values.buffers:
-            values.buffers[b], self._buffer_spare[b] = self._buffer_spare[b], values.buffers[b]
-        self._reset_pending = False
         self.last_loss_finite = bool(np.isfinite(self.loss))
+        if self.last_loss_finite:  # a batch whose loss is not finite leaves the running statistics as they were
+            for b in values.buffers:
+                values.buffers[b], self._buffer_spare[b] = self._buffer_spare[b], values.buffers[b]
+        self._reset_pending = False
         return extras
 
     def eval_step(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
