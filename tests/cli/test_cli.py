@@ -201,16 +201,21 @@ def test_ctrl_c_saves_then_resume_finishes(workdir, arts):
     assert final["epoch"] == done + 1 and final["global_step"] == 160 * (done + 1)
 
 
-def test_nan_loss_stops_with_a_clear_message(tmp_path):
+def _save_linear(path, outputs: int) -> None:
+    """y = x w^T + b, 4 features in, ``outputs`` out, dynamic batch; w all ones, b zeros."""
     graph = helper.make_graph(
         [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], "linear",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1])],
-        initializer=[numpy_helper.from_array(np.ones((1, 4), np.float32), "w"),
-                     numpy_helper.from_array(np.zeros(1, np.float32), "b")])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", outputs])],
+        initializer=[numpy_helper.from_array(np.ones((outputs, 4), np.float32), "w"),
+                     numpy_helper.from_array(np.zeros(outputs, np.float32), "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    onnx.save(model, tmp_path / "linear.onnx")
+    onnx.save(model, path)
+
+
+def test_nan_loss_stops_with_a_clear_message(tmp_path):
+    _save_linear(tmp_path / "linear.onnx", 1)
     x = np.random.default_rng(0).normal(size=(256, 4)).astype(np.float32) * 10
     np.savez(tmp_path / "reg.npz", x=x, y=x @ np.arange(1, 5, dtype=np.float32))  # y [N] is reshaped to [N, 1]
     assert run_cli("generate", tmp_path / "linear.onnx", "-o", tmp_path / "a", "--loss", "mse", "--optimizer", "sgd",
@@ -432,15 +437,7 @@ def test_a_model_with_several_inputs_trains_from_arrays_named_after_them(tmp_pat
 def test_a_metric_that_does_not_fit_the_task_is_named(tmp_path):
     """accuracy on a regression's float targets printed 0.0% every epoch; on multi-label targets it raised a
     numpy broadcasting error."""
-    graph = helper.make_graph(
-        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], "linear",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
-        initializer=[numpy_helper.from_array(np.ones((3, 4), np.float32), "w"),
-                     numpy_helper.from_array(np.zeros(3, np.float32), "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "multilabel.onnx")
+    _save_linear(tmp_path / "multilabel.onnx", 3)
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "ml.npz", x=rng.normal(size=(40, 4)).astype(np.float32),
              y=(rng.random((40, 3)) > 0.5).astype(np.float32))
