@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import onnx
 import pytest
@@ -199,3 +201,6 @@ def test_integer_initializers_are_not_frozen_parameters_nor_matched_by_globs():
     assert plan.trainable == ["l.weight"] and plan.frozen == []
     with pytest.raises(TypeError, match="'l.zero_point' has dtype int8"):
         plan_parameters(graph, weights, ["l.zero_point"], None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # a glob's integer matches are dropped without a word
+        assert plan_parameters(graph, weights, None, ["*"]).frozen == ["l.weight"]

@@ -149,13 +149,14 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
                             "parameters can be trained")
     # a glob selects the floating-point tensors it matches (a quantized layer's 'l3.*' has integer zero points)
     trainable = [n for n in trainable if n in float_names]
-    # a shape or index a glob or a list froze stays a constant: only floating-point parameters are state
-    integers = [n for n in frozen if n not in float_names]
+    # a shape or index named in frozen_params stays a constant (warned; a glob's are dropped silently): only
+    # floating-point parameters are state
+    integers = [n for n in frozen if n not in float_names and n in set(frozen_params or [])]
     if integers:
         warnings.warn(f"frozen_params: {len(integers)} integer initializers (e.g. {integers[0]!r}, "
                       f"{weights[integers[0]].dtype}) are not parameters and stay constants of the graphs",
                       stacklevel=2)
-        frozen = [n for n in frozen if n in float_names]
+    frozen = [n for n in frozen if n in float_names]
     buffers = [b for b in batchnorm_buffers(graph, set(names)) if b not in trainable]
     if requires_grad is None:
         statistics = running_statistics(graph)
