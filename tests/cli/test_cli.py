@@ -455,3 +455,9 @@ def test_an_empty_file_is_not_taken_for_an_empty_model(tmp_path):
     assert_one_line_error(run_cli("info", tmp_path / "empty.onnx"), "is not an ONNX model: the file is empty")
     assert_one_line_error(run_cli("generate", tmp_path / "empty.onnx", "-o", tmp_path / "a", "--loss", "mse"),
                           "the file is empty")
+
+
+def test_the_run_folder_given_for_the_artifacts_is_named(workdir, arts):
+    """`info DIR/run` advised writing artifacts into the run folder with `generate`."""
+    assert run_cli("train", arts, "--data", workdir / "train.npz", "--epochs", "1").returncode == 0
+    assert_one_line_error(run_cli("info", arts / "run"), "is the run folder", "give the artifact folder itself")

@@ -60,6 +60,11 @@ class Artifacts:
         if not os.path.isdir(directory):
             raise CliError(f"{directory} is a file; expected the folder written by `onnxtrain generate MODEL -o DIR`")
         path = lambda kind: os.path.join(directory, names.artifact_file(kind, prefix))  # noqa: E731
+        parent = os.path.dirname(os.path.abspath(directory))
+        if os.path.basename(os.path.abspath(directory)) == RUN_DIR and os.path.isfile(
+                os.path.join(parent, names.artifact_file("training", prefix))):
+            raise CliError(f"{directory} is the run folder `onnxtrain train` writes inside the artifacts; give the "
+                           f"artifact folder itself ({parent}), or a checkpoint in it with --checkpoint")
         for kind in ("training", "eval", "checkpoint"):
             if not os.path.isfile(path(kind)):
                 raise CliError(f"{directory} is not an onnxtrain artifact folder: {names.artifact_file(kind, prefix)} "
