@@ -187,7 +187,7 @@ def _buffer_outputs(acc: GraphBuilder, nodes: list[onnx.NodeProto], buffers: lis
     nodes: ``nodes`` with each such BatchNormalization replaced by the nodes that run in its place (``nodes`` stay
     the eval graph's)."""
     outputs = []
-    read = {x for n in nodes for x in node_inputs(n)} | set(keep)
+    read: set[str] = set()   # every value a forward node reads, and keep: walked at the first BatchNorm
     forward: list[onnx.NodeProto] = []
     for node in nodes:
         training = node.op_type == "BatchNormalization" and any(a.name == "training_mode" and a.i
@@ -197,6 +197,7 @@ def _buffer_outputs(acc: GraphBuilder, nodes: list[onnx.NodeProto], buffers: lis
             forward.append(node)
             continue
         outs = list(node.output) + [""] * (3 - len(node.output))
+        read = read or {x for n in nodes for x in node_inputs(n)} | set(keep)
         if any(outs[k] and outs[k] in read for k, _ in stats):
             # the model reads a running statistic itself (rare): the node's own update, passed on by an Identity
             for k, buffer in stats:
@@ -231,11 +232,8 @@ def _running_statistics(acc: GraphBuilder, node: onnx.NodeProto, stats: dict[int
     op = acc.op
     dtype = helper.tensor_dtype_to_np_dtype(infos[next(iter(stats.values()))].elem_type)
     momentum = next((a.f for a in node.attribute if a.name == "momentum"), 0.9)
-    first = len(acc.nodes)
     zero = acc.const(np.array(0, dtype))
-    zeros = {k: op.Mul(buffer, zero) for k, buffer in stats.items()}
-    before = acc.nodes[first:]
-    del acc.nodes[first:]
+    zeros, before = _emitted_apart(acc, lambda: {k: op.Mul(buffer, zero) for k, buffer in stats.items()})
     reading_zeros = onnx.NodeProto()
     reading_zeros.CopyFrom(node)
     del reading_zeros.output[:]
@@ -277,12 +275,20 @@ def _values_per_channel(acc: GraphBuilder, x: str, info: TensorInfo | None, size
                 source, axis = sizes[d]
                 count = op.Mul(count, op.Gather(op.Shape(source), acc.ints([axis])))
         return op.Cast(count, to=helper.np_dtype_to_tensor_dtype(dtype))
-    first = len(acc.nodes)
-    count = op.Cast(op.Div(op.Size(x), op.Gather(op.Shape(x), acc.ints([1]))),
-                    to=helper.np_dtype_to_tensor_dtype(dtype))
-    before += acc.nodes[first:]
-    del acc.nodes[first:]
+    count, nodes = _emitted_apart(acc, lambda: op.Cast(op.Div(op.Size(x), op.Gather(op.Shape(x), acc.ints([1]))),
+                                                       to=helper.np_dtype_to_tensor_dtype(dtype)))
+    before += nodes
     return count
+
+
+def _emitted_apart(acc: GraphBuilder, build):
+    """(what ``build()`` returns, the nodes it emitted into ``acc``), those nodes taken back out of ``acc``: they run
+    beside a forward node, not after the backward (``acc``'s names and constants stay its own)."""
+    first = len(acc.nodes)
+    result = build()
+    emitted = acc.nodes[first:]
+    del acc.nodes[first:]
+    return result, emitted
 
 
 def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: ParameterPlan, loss: Block,

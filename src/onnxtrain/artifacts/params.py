@@ -211,10 +211,11 @@ def _exported_parameters(graph: onnx.GraphProto) -> set[str] | None:
     scale reshaped to (C, 1, 1), trained under the constant's name); None when the model has no such record.
     The rest are the exported program's constants (a causal mask, SDPA's scale, a RoPE table, zeros an op
     starts from), which would change what the model computes if trained."""
-    parameters = torch_tensors(graph, "PARAMETER")
+    signature = graph_signature(graph).values()
+    parameters = {target for kind, target in signature if kind == "PARAMETER"}
     if not parameters:
         return None
-    others = {target for kind, target in graph_signature(graph).values() if kind != "PARAMETER"}
+    others = {target for kind, target in signature if kind != "PARAMETER"}
     folded = {constant for constant, sources in folded_sources(graph).items()
               if parameters.intersection(sources) and not others.intersection(sources)}
     return parameters | folded

@@ -177,23 +177,23 @@ def gather(ctx: GradContext):
     perm = [*range(axis, axis + rank_i), *range(axis), *range(axis + rank_i, out_rank)]
     if perm != list(range(out_rank)):
         dy = ctx.op.Transpose(dy, perm=perm)
+
+    def per_lookup(v: str) -> str:   # a value per index, against dY's rows
+        return ctx.b.unsqueeze(v, list(range(rank_i, out_rank))) if out_rank > rank_i else v
+
     padding = embedding_padding_index(ctx.node) if axis == 0 else None
     if padding is not None:   # torch's Embedding(padding_idx=p): row p gets no gradient from this lookup
         hit = ctx.op.Equal(indices, ctx.const_like(padding, indices))
-        hit = ctx.b.unsqueeze(hit, list(range(rank_i, out_rank))) if out_rank > rank_i else hit
-        dy = ctx.op.Where(hit, ctx.const_like(0.0, data), dy)
+        dy = ctx.op.Where(per_lookup(hit), ctx.const_like(0.0, data), dy)
     dim = _axis_size(ctx, data, axis)
     idx = ctx.op.Where(ctx.op.Less(indices, ctx.const_like(0, indices)),
                        ctx.op.Add(indices, ctx.op.Cast(ctx.b.squeeze(dim, [0]), to=ctx.elem_type(indices))), indices)
     idx = ctx.op.Cast(ctx.b.unsqueeze(idx, [-1]), to=onnx.TensorProto.INT64)
     if axis == 0 and embedding_scales_by_frequency(ctx.node):
         # torch's Embedding(scale_grad_by_freq=True): each lookup's dY divided by its index's count in the batch
-        zeros = ctx.op.ConstantOfShape(dim, value=onnx.numpy_helper.from_array(np.zeros(1, np_dtype(
-            ctx.elem_type(data)))))
-        counts = scatter_add(ctx, zeros, idx, ctx.b.ones_like(indices, ctx.elem_type(data)), nd=True)
-        per_lookup = ctx.op.Gather(counts, ctx.b.squeeze(idx, [-1]))
-        per_lookup = ctx.b.unsqueeze(per_lookup, list(range(rank_i, out_rank))) if out_rank > rank_i else per_lookup
-        dy = ctx.op.Div(dy, per_lookup)
+        counts = scatter_add(ctx, ctx.b.full(dim, 0, ctx.elem_type(data)), idx,
+                             ctx.b.ones_like(indices, ctx.elem_type(data)), nd=True)
+        dy = ctx.op.Div(dy, per_lookup(ctx.op.Gather(counts, ctx.b.squeeze(idx, [-1]))))
     data_perm = [axis, *range(axis), *range(axis + 1, rank_d)]
     zeros = ctx.b.zeros_like(data, ctx.elem_type(data))
     if axis:

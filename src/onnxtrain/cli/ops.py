@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         print(coverage.markdown(entries))
         return 0
     rows = [_row(e) for e in entries]
-    models = [op for op in args.ops if op.endswith(".onnx")]
+    wanted = args.ops
+    models = [op for op in wanted if op.endswith(".onnx")]
     if models:   # the model's default-domain op types, in the table's spelling
         from onnxtrain.cli.common import read_model
 
@@ -58,22 +59,22 @@ def run(args: argparse.Namespace) -> int:
             others = sorted({f"{n.domain}.{n.op_type}" for n in model.graph.node if n.domain not in ("", "ai.onnx")})
             if others:
                 print(f"{path}: ops outside the default domain: {', '.join(others)}")
-        args.ops = [op for op in args.ops if not op.endswith(".onnx")] + sorted(set(found))
-    if args.ops:
+        wanted = [op for op in wanted if not op.endswith(".onnx")] + sorted(set(found))
+    if wanted:
         known = {str(r.get("op")).lower(): r for r in rows}
-        unknown = [op for op in args.ops if op.lower() not in known]
+        unknown = [op for op in wanted if op.lower() not in known]
         if unknown:
             raise CliError(f"{', '.join(map(repr, unknown))} {'is not a' if len(unknown) == 1 else 'are not'} "
                            "default-domain ONNX op" + ("" if len(unknown) == 1 else "s") + " (a model's path ends "
                            "in .onnx)")
-        rows = [known[op.lower()] for op in args.ops]
+        rows = [known[op.lower()] for op in wanted]
     if args.status:
         statuses = sorted({str(r.get("status")) for r in rows})
         if args.status not in statuses:
             raise CliError(f"unknown status {args.status!r}; statuses: {', '.join(statuses)}")
         rows = [r for r in rows if r.get("status") == args.status]
     print(_render(rows))
-    if not args.ops:
+    if not wanted:
         counts = collections.Counter(str(r.get("status")) for r in rows)
         print(f"\n{len(rows)} ops: " + ", ".join(f"{n} {status}" for status, n in counts.most_common()))
     return 0

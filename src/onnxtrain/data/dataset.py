@@ -113,29 +113,30 @@ def load_dataset(path: str | os.PathLike, input_names: tuple[str | tuple[str, ..
     ``input_names``: the model's (data input, label input) names, read in place of ``x`` and ``y`` when the file
     has those arrays and not ``x`` and ``y``; with several data inputs (a tuple), the file has one array per
     input, by its name, and the labels as ``y`` or by the label input's name."""
+    path = os.fspath(path)
     if input_names is not None and not isinstance(input_names[0], str):
         inputs, label = input_names
         if len(inputs) > 1:
-            return _load_named(os.fspath(path), tuple(inputs), label)
+            return _read(path, lambda npz, keys: _named_arrays(path, npz, keys, tuple(inputs), label))
         input_names = (inputs[0], label)
-    path = os.fspath(path)
-    _check_file(path)
+    return _read(path, lambda npz, keys: _xy_arrays(path, npz, keys, input_names))
+
+
+def _read(path: str, arrays) -> Dataset:
+    """The dataset in the .npz file ``path``, its inputs and labels picked by ``arrays(npz, keys)``; every defect
+    of the file is a DatasetError."""
+    if not os.path.exists(path):
+        raise DatasetError(f"data file not found: {path}")
+    if os.path.isdir(path):
+        raise DatasetError(f"{path} is a folder; expected a .npz dataset file (convert the folder with "
+                           f"`onnxtrain data {path} -o data.npz`)")
+    if not zipfile.is_zipfile(path):
+        hint = "" if path.endswith(".npz") else f" (convert it with `onnxtrain data {path} -o data.npz`)"
+        raise DatasetError(f"{path} is not a .npz dataset file{hint}")
     try:
         with np.load(path, allow_pickle=False) as npz:
             keys = list(npz.files)
-            x_name, y_name = "x", "y"
-            if input_names and not {"x", "y"} <= set(keys) and set(input_names) <= set(keys):
-                x_name, y_name = input_names
-            missing = [k for k in (x_name, y_name) if k not in keys]
-            if missing:
-                x_key, y_key = _guess_keys(keys)
-                named = (f", or arrays named after the model's inputs ({input_names[0]!r}, {input_names[1]!r})"
-                         if input_names else "")
-                raise DatasetError(f"{path} has no array {missing[0]!r} (its arrays: {keys}); an onnxtrain dataset "
-                                   f"holds arrays 'x' (inputs) and 'y' (labels){named}: convert it with "
-                                   f"`onnxtrain data {path} -o {_converted_name(path)} --x-key {x_key} "
-                                   f"--y-key {y_key}`")
-            x, y = npz[x_name], npz[y_name]
+            x, y = arrays(npz, keys)
             classes = [str(c) for c in npz["classes"]] if "classes" in keys else None
     except DatasetError:
         raise
@@ -149,41 +150,34 @@ def load_dataset(path: str | os.PathLike, input_names: tuple[str | tuple[str, ..
     return Dataset(x, y, classes).validate(path)
 
 
-def _load_named(path: str, inputs: tuple[str, ...], label: str) -> Dataset:
-    """A dataset for a model with several inputs: one array per input name, the labels as ``y`` or ``label``."""
-    _check_file(path)
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            keys = list(npz.files)
-            y_name = "y" if "y" in keys else label
-            missing = [k for k in (*inputs, y_name) if k not in keys]
-            if missing:
-                example = ", ".join(f"{n}=..." for n in (*inputs, label))
-                raise DatasetError(f"{path} has no array {missing[0]!r} (its arrays: {keys}); the model takes the "
-                                   f"inputs {list(inputs)} and the labels {label!r}, so its dataset holds one array "
-                                   f"per input, named after it, and the labels as 'y' or {label!r}: "
-                                   f"np.savez({os.path.basename(path)!r}, {example})")
-            x = Inputs({n: npz[n] for n in inputs})
-            y = npz[y_name]
-            classes = [str(c) for c in npz["classes"]] if "classes" in keys else None
-    except DatasetError:
-        raise
-    except ValueError as exc:
-        raise DatasetError(f"{path} is not a readable .npz file of numeric arrays: {exc}") from None
-    except (OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise DatasetError(f"{path} is corrupt or truncated: {exc}") from None
-    return Dataset(x, y, classes).validate(path)
+def _xy_arrays(path: str, npz, keys: list[str], input_names: tuple[str, str] | None):
+    """``x`` and ``y``, or the arrays named after the model's data and label inputs."""
+    x_name, y_name = "x", "y"
+    if input_names and not {"x", "y"} <= set(keys) and set(input_names) <= set(keys):
+        x_name, y_name = input_names
+    missing = [k for k in (x_name, y_name) if k not in keys]
+    if missing:
+        x_key, y_key = _guess_keys(keys)
+        named = (f", or arrays named after the model's inputs ({input_names[0]!r}, {input_names[1]!r})"
+                 if input_names else "")
+        raise DatasetError(f"{path} has no array {missing[0]!r} (its arrays: {keys}); an onnxtrain dataset "
+                           f"holds arrays 'x' (inputs) and 'y' (labels){named}: convert it with "
+                           f"`onnxtrain data {path} -o {_converted_name(path)} --x-key {x_key} "
+                           f"--y-key {y_key}`")
+    return npz[x_name], npz[y_name]
 
 
-def _check_file(path: str) -> None:
-    if not os.path.exists(path):
-        raise DatasetError(f"data file not found: {path}")
-    if os.path.isdir(path):
-        raise DatasetError(f"{path} is a folder; expected a .npz dataset file (convert the folder with "
-                           f"`onnxtrain data {path} -o data.npz`)")
-    if not zipfile.is_zipfile(path):
-        hint = "" if path.endswith(".npz") else f" (convert it with `onnxtrain data {path} -o data.npz`)"
-        raise DatasetError(f"{path} is not a .npz dataset file{hint}")
+def _named_arrays(path: str, npz, keys: list[str], inputs: tuple[str, ...], label: str):
+    """A model with several inputs: one array per input name, the labels as ``y`` or ``label``."""
+    y_name = "y" if "y" in keys else label
+    missing = [k for k in (*inputs, y_name) if k not in keys]
+    if missing:
+        example = ", ".join(f"{n}=..." for n in (*inputs, label))
+        raise DatasetError(f"{path} has no array {missing[0]!r} (its arrays: {keys}); the model takes the "
+                           f"inputs {list(inputs)} and the labels {label!r}, so its dataset holds one array "
+                           f"per input, named after it, and the labels as 'y' or {label!r}: "
+                           f"np.savez({os.path.basename(path)!r}, {example})")
+    return Inputs({n: npz[n] for n in inputs}), npz[y_name]
 
 
 _LABEL_NAMES = ("y", "label", "labels", "target", "targets", "class_ids", "classes_ids")

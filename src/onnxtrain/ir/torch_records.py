@@ -15,7 +15,8 @@ import re
 
 import onnx
 
-__all__ = ["FX_NODE", "NAME_SCOPES", "FxCall", "fx_call", "embedding_padding_index"]
+__all__ = ["FX_NODE", "NAME_SCOPES", "FxCall", "fx_call", "embedding_padding_index",
+           "embedding_scales_by_frequency"]
 
 FX_NODE = "pkg.torch.onnx.fx_node"
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
