@@ -110,6 +110,8 @@ class TrainingMeta:
         accumulation: per trainable parameter, the two values its gradient output selects between:
             ``(fresh, accumulated)``, the output being ``lazy_reset_grad ? fresh : accumulated``. The runtime
             specialises the graph for each value of the flag from this (empty in artifacts of older versions).
+        loss_reduction: how the loss combines a batch's examples: "mean" or "sum" (a built-in loss's reduction),
+            "" when unknown (a custom loss block, the model's own loss, artifacts of older versions).
     """
 
     user_inputs: list[str]
@@ -121,6 +123,7 @@ class TrainingMeta:
     buffers: list[str]
     model_outputs: list[str]
     accumulation: dict[str, tuple[str, str]] = field(default_factory=dict)
+    loss_reduction: str = ""
 
     def to_props(self) -> dict[str, str]:
         """The ``metadata_props`` entries that carry this description."""
@@ -137,6 +140,7 @@ class TrainingMeta:
             raw = json.loads(text)
             accumulation = {str(p): _pair(v) for p, v in raw.get("accumulation", {}).items()}
             return cls(loss=str(raw.get("loss", "")), accumulation=accumulation,
+                       loss_reduction=str(raw.get("loss_reduction", "")),
                        **{k: _strings(raw[k]) for k in ("user_inputs", "labels", "additional_outputs", "trainable",
                                                          "frozen", "buffers", "model_outputs")})
         except (ValueError, KeyError, TypeError, AttributeError):

@@ -8,7 +8,7 @@ import pytest
 from onnxtrain.api import CheckpointState, Module, Optimizer
 from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
 from onnxtrain.demo.model import build_cnn
-from onnxtrain.errors import NonFiniteError
+from onnxtrain.errors import InputError, NonFiniteError
 from onnxtrain.runtime import loop
 
 
@@ -63,6 +63,12 @@ def test_metrics(name, pred, y, expected):
     assert total / count == pytest.approx(expected)
 
 
+def test_top5_needs_more_than_five_classes():
+    totals = loop.Totals()
+    with pytest.raises(InputError, match="with 5 classes every label is among the top 5"):
+        totals.add(0.0, 2, np.zeros((2, 5), np.float32), np.array([0, 4]), ["top5_accuracy"])
+
+
 def test_check_metrics():
     assert loop.check_metrics(["accuracy"], "logits") == ["accuracy"]
     with pytest.raises(ValueError, match="unknown metric 'f1'"):
@@ -103,3 +109,19 @@ def test_nonfinite_loss_raises(cnn):
     x[0, 0, 0, 0] = np.nan
     with pytest.raises(NonFiniteError):
         loop.train_epoch(module, optimizer, loop.batches(x, y, 32))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_epoch_loss_is_a_mean_per_example_whatever_the_batch_size(tmp_path, reduction):
+    from onnxtrain.blocks import CrossEntropyLoss
+
+    generate_artifacts(build_cnn(0), loss=CrossEntropyLoss(reduction=reduction), optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path, additional_output_names=["logits"])
+    x, y = _digits(60)
+    module, _ = _module(tmp_path)
+    assert module.training_run.meta.loss_reduction == reduction
+    seen = []
+    losses = [loop.evaluate(module, loop.batches(x, y, size), on_step=lambda n, loss: seen.append(loss)).loss
+              for size in (7, 60)]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    assert seen[-1] == pytest.approx(losses[1], rel=1e-6)  # the whole set in one batch: its mean per example

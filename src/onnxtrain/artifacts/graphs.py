@@ -363,6 +363,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
         user_inputs=[i.name for i in user_inputs], labels=[i.name for i in labels], loss=loss_name,
         additional_outputs=list(extras), trainable=list(plan.trainable), frozen=list(plan.frozen),
         buffers=list(plan.buffers), model_outputs=list(output_names), accumulation=accumulation,
+        loss_reduction=loss.batch_reduction,
     ).to_props()
     training = _model(model, train_graph, meta)
     declare_class_scores(training, infos)

@@ -110,6 +110,9 @@ class Block:
     """Base class of every building block; subclasses implement ``build(*input_names)``."""
 
     _context: BuildContext | None = None
+    #: How the block's output combines a batch's examples when it is the loss: "mean", "sum", or "" when unknown
+    #: (a training loop weights batch means by their size and adds batch sums).
+    batch_reduction: str = ""
 
     def __init__(self) -> None:
         pass

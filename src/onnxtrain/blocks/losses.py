@@ -42,6 +42,10 @@ class _Loss(Block):
                              "expected 'mean', 'sum' or 'none'")
         self.reduction = reduction
 
+    @property
+    def batch_reduction(self) -> str:
+        return self.reduction if self.reduction in ("mean", "sum") else ""
+
 
 class MSELoss(_Loss):
     """(output - target)^2."""

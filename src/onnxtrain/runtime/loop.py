@@ -8,7 +8,8 @@
 
 Metrics read the predictions that the artifacts return after the loss (generate them with
 ``additional_output_names=[<model output>]``); the first additional output is taken as the predictions.
-Loss values are means over examples (each batch's mean loss weighted by its size). Nothing here imports
+Loss values are means over examples (each batch's mean loss weighted by its size; a loss generated with
+``reduction="sum"`` is summed over the batches, then divided by the number of examples). Nothing here imports
 anything beyond numpy and the runtime, so a federated client can call it as it is.
 """
 
@@ -70,8 +71,9 @@ def _accuracy(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
 
 def _top5(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
     _class_indices(pred, y)
-    k = min(5, pred.shape[1])
-    top = np.argpartition(-pred, k - 1, axis=1)[:, :k]
+    if pred.shape[1] <= 5:
+        raise ValueError(f"with {pred.shape[1]} classes every label is among the top 5, so it is always 100%")
+    top = np.argpartition(-pred, 4, axis=1)[:, :5]
     return float(np.sum(np.any(top == np.expand_dims(y, 1), axis=1))), int(y.size)
 
 
@@ -116,6 +118,7 @@ class Totals:
     metric_sums: dict[str, list[float]] = field(default_factory=dict)  # name -> [sum, count]
 
     def add(self, loss: float, n: int, pred: np.ndarray | None, y: np.ndarray, metrics: Sequence[str]) -> None:
+        """Count one batch of ``n`` examples whose mean loss is ``loss``."""
         self.loss_sum += loss * n
         self.num_examples += n
         self.steps += 1
@@ -180,6 +183,10 @@ def num_batches(n: int, batch_size: int, drop_last: bool = False) -> int:
     return n // batch_size if drop_last else -(-n // batch_size)
 
 
+def _summed_loss(module: Module) -> bool:
+    return module.training_run.meta.loss_reduction == "sum"
+
+
 def _split_outputs(out) -> tuple[float, np.ndarray | None]:
     """A Module call returns the loss alone, or (loss, *additional outputs); the first extra is the predictions."""
     if isinstance(out, (list, tuple)):
@@ -193,7 +200,8 @@ def train_epoch(module: Module, optimizer: Optimizer, data: Iterable[Batch], *, 
     """One pass of optimizer steps over ``data``: forward + backward, ``optimizer.step()``, reset the gradients.
 
     Args:
-        on_step: called after each step with (batch size, batch loss), e.g. to advance a progress bar.
+        on_step: called after each step with (batch size, the batch's mean loss per example), e.g. to advance a
+            progress bar.
         should_stop: polled after each step; True ends the epoch early (``result.stopped``), e.g. on Ctrl-C.
         totals: the sums of the part of this epoch already done (to resume an interrupted epoch).
 
@@ -201,6 +209,7 @@ def train_epoch(module: Module, optimizer: Optimizer, data: Iterable[Batch], *, 
         NonFiniteError: a batch's loss is NaN or infinite; the parameters are left as they were before it.
     """
     totals = totals if totals is not None else Totals()
+    summed = _summed_loss(module)
     module.train()
     start = time.perf_counter()
     stopped = False
@@ -212,6 +221,7 @@ def train_epoch(module: Module, optimizer: Optimizer, data: Iterable[Batch], *, 
         module.lazy_reset_grad()
         if scheduler is not None:
             scheduler.step()
+        loss = loss / len(x) if summed else loss
         totals.add(loss, len(x), pred, y, metrics)
         if on_step is not None:
             on_step(len(x), loss)
@@ -226,10 +236,12 @@ def evaluate(module: Module, data: Iterable[Batch], *, metrics: Sequence[str] = 
              on_step: Callable[[int, float], None] | None = None) -> EpochResult:
     """The eval graph over ``data`` (no parameter changes); the Module is left in eval mode."""
     totals = Totals()
+    summed = _summed_loss(module)
     module.eval()
     start = time.perf_counter()
     for x, y in data:
         loss, pred = _split_outputs(_call(module, x, y))
+        loss = loss / len(x) if summed else loss
         totals.add(loss, len(x), pred, y, metrics)
         if on_step is not None:
             on_step(len(x), loss)
