@@ -643,6 +643,36 @@ def test_full_disk_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch, f
     assert_same(load_checkpoint(path), old)
 
 
+def test_a_directory_that_refuses_the_temporary_file_names_the_checkpoint(tmp_path, monkeypatch):
+    """A read-only or foreign directory fails at the temporary file beside the target (``.model.ckpt.1a2b.tmp``):
+    the error names the checkpoint the caller asked for."""
+    path, old, new = old_and_new(tmp_path)
+    real_open = os.open
+
+    def refused(name, flags, *args, **kwargs):
+        if os.path.basename(name).startswith("."):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), name)
+        return real_open(name, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refused)
+    with pytest.raises(OSError) as info:
+        save_checkpoint(new, path)
+    monkeypatch.undo()
+    assert info.value.filename == str(path) and "Read-only file system" in str(info.value)
+    assert_same(load_checkpoint(path), old)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+def test_a_replaced_checkpoint_keeps_its_permissions(tmp_path):
+    path, _, new = old_and_new(tmp_path)
+    os.chmod(path, 0o600)
+    save_checkpoint(new, path)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    os.chmod(path, 0o444)
+    save_checkpoint(new, path)
+    assert os.stat(path).st_mode & 0o777 == 0o444
+
+
 def test_interrupt_after_half_the_bytes_keeps_old_file(tmp_path, monkeypatch):
     path, old, new = old_and_new(tmp_path)
     monkeypatch.delattr(os, "writev", raising=False)  # the write() path, as on Windows

@@ -449,8 +449,10 @@ def test_the_eval_model_given_as_the_training_model_is_named(mlp_dir):
 
 
 @pytest.mark.parametrize("bad, error, message", [
-    (float("nan"), ValueError, "must be finite, got nan"),
-    (float("inf"), ValueError, "must be finite, got inf"),
+    (float("nan"), ValueError, "must be finite in float32 .*, got nan"),
+    (float("inf"), ValueError, "must be finite in float32 .*, got inf"),
+    (1e300, ValueError, r"must be finite in float32 \(at most 3.403e\+38\), got 1e\+300"),
+    (-0.1, ValueError, "must not be negative, got -0.1"),
     ("0.1", TypeError, "must be a number, got str '0.1'"),
     (None, TypeError, "must be a number, got NoneType"),
 ])

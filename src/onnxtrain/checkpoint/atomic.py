@@ -66,11 +66,16 @@ class StagedWrite:
         if not os.path.isdir(self.directory):
             raise FileNotFoundError(errno.ENOENT, "cannot save: the directory does not exist", self.directory)
         clear_stale_temps(self.target)
-        self._temp, fd = _create_temp(self.directory, name)
+        try:
+            self._temp, fd = _create_temp(self.directory, name)
+        except OSError as exc:  # named after the file the caller asked for, not the temporary one beside it
+            raise OSError(exc.errno, f"{exc.strerror}: cannot write beside it in {self.directory} (the file is "
+                          "unchanged)", self.target) from exc
         self._open = contextlib.ExitStack()  # the temporary file, open (and locked) until the rename
         try:
             if fcntl is not None:
                 fcntl.flock(fd, fcntl.LOCK_EX)  # held until the rename: this file has a live writer
+            _keep_mode(fd, self.target)
             self._file = self._open.enter_context(os.fdopen(fd, "wb"))
             _write_pieces(self._file, [data] if isinstance(data, bytes | bytearray | memoryview) else data)
             os.fsync(self._file.fileno())
@@ -153,6 +158,14 @@ def _write_pieces(file: io.BufferedWriter,
             first += 1
         if written:  # a short write: the rest of this piece goes in the next call
             views[first] = views[first][written:]
+
+
+def _keep_mode(fd: int, target: str) -> None:
+    """A replaced file keeps its permission bits (a read-only or private checkpoint stays so)."""
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.stat(target).st_mode & 0o7777
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, mode)
 
 
 def _create_temp(directory: str, name: str) -> tuple[str, int]:

@@ -48,8 +48,8 @@ class Optimizer:
         self.skipped_steps = 0
 
     def set_learning_rate(self, learning_rate: float) -> None:
-        """The learning rate of the next steps (a finite number: a NaN or infinite one would turn every trained
-        parameter into NaN at the next step, with finite gradients)."""
+        """The learning rate of the next steps: a finite, non-negative number (a NaN or infinite one would turn
+        every trained parameter into NaN at the next step, with finite gradients)."""
         try:
             value = float(learning_rate)  # a Python or numpy number, or a 0-d array, as the peer's binding takes
         except (TypeError, ValueError):
@@ -57,9 +57,13 @@ class Optimizer:
         if value is None or isinstance(learning_rate, (str, bytes, bool, np.bool_)):
             raise TypeError(f"the learning rate must be a number, got {type(learning_rate).__name__} "
                             f"{learning_rate!r}")
-        if not math.isfinite(value):
-            raise ValueError(f"the learning rate must be finite, got {learning_rate}: the parameters would all "
-                             "become NaN at the next step")
+        dtype = self._update.learning_rate.dtype
+        if not math.isfinite(value) or abs(value) > np.finfo(dtype).max:
+            raise ValueError(f"the learning rate must be finite in {dtype} (at most {np.finfo(dtype).max:.4g}), got "
+                             f"{learning_rate}: the parameters would all become NaN or infinite at the next step")
+        if value < 0:
+            raise ValueError(f"the learning rate must not be negative, got {learning_rate} (as torch.optim: a "
+                             "negative rate climbs the loss)")
         self._update.learning_rate[...] = value
 
     def get_learning_rate(self) -> float:

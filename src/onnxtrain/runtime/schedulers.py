@@ -3,10 +3,29 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 from onnxtrain.runtime.optimizer import Optimizer
 
 __all__ = ["LRScheduler", "LinearLRScheduler", "CosineLRScheduler", "StepLRScheduler"]
+
+
+def _count(name: str, value, minimum: int) -> int:
+    """A step count: an integer (Python or numpy, not a bool) of at least ``minimum``."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def _rate(name: str, value, positive: bool = False) -> float:
+    """A learning rate or factor: a finite real number, not negative (or positive)."""
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite {'positive' if positive else 'non-negative'} number, got {value}")
+    return float(value)
 
 
 class LRScheduler:
@@ -15,7 +34,7 @@ class LRScheduler:
     def __init__(self, optimizer: Optimizer, initial_lr: float):
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be an onnxtrain Optimizer, got {type(optimizer).__name__}")
-        self.optimizer, self.initial_lr, self.count = optimizer, float(initial_lr), 0
+        self.optimizer, self.initial_lr, self.count = optimizer, _rate("initial_lr", initial_lr), 0
         optimizer.set_learning_rate(self.lr_at(0))
 
     def lr_at(self, step: int) -> float:
@@ -31,7 +50,9 @@ class LinearLRScheduler(LRScheduler):
     ``total_step_count`` (the documented semantics; onnxruntime-training 1.19 swapped the two counts)."""
 
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float):
-        if warmup_step_count < 0 or total_step_count <= 0 or warmup_step_count > total_step_count:
+        warmup_step_count = _count("warmup_step_count", warmup_step_count, 0)
+        total_step_count = _count("total_step_count", total_step_count, 1)
+        if warmup_step_count > total_step_count:
             raise ValueError(f"need 0 <= warmup_step_count <= total_step_count and total_step_count > 0, got "
                              f"warmup_step_count={warmup_step_count}, total_step_count={total_step_count}")
         self.warmup, self.total = warmup_step_count, total_step_count
@@ -48,10 +69,12 @@ class CosineLRScheduler(LRScheduler):
 
     def __init__(self, optimizer: Optimizer, total_step_count: int, initial_lr: float, warmup_step_count: int = 0,
                  min_lr: float = 0.0):
-        if total_step_count <= 0 or not 0 <= warmup_step_count <= total_step_count:
+        total_step_count = _count("total_step_count", total_step_count, 1)
+        warmup_step_count = _count("warmup_step_count", warmup_step_count, 0)
+        if warmup_step_count > total_step_count:
             raise ValueError(f"need 0 <= warmup_step_count <= total_step_count and total_step_count > 0, got "
                              f"warmup_step_count={warmup_step_count}, total_step_count={total_step_count}")
-        self.total, self.warmup, self.min_lr = total_step_count, warmup_step_count, min_lr
+        self.total, self.warmup, self.min_lr = total_step_count, warmup_step_count, _rate("min_lr", min_lr)
         super().__init__(optimizer, initial_lr)
 
     def lr_at(self, step: int) -> float:
@@ -65,10 +88,11 @@ class StepLRScheduler(LRScheduler):
     """Multiply the learning rate by ``gamma`` every ``step_size`` steps (torch.optim.lr_scheduler.StepLR)."""
 
     def __init__(self, optimizer: Optimizer, step_size: int, initial_lr: float, gamma: float = 0.1):
-        if step_size <= 0:
-            raise ValueError(f"step_size must be positive, got {step_size}")
-        self.step_size, self.gamma = step_size, gamma
+        self.step_size, self.gamma = _count("step_size", step_size, 1), _rate("gamma", gamma, positive=True)
         super().__init__(optimizer, initial_lr)
 
     def lr_at(self, step: int) -> float:
-        return self.initial_lr * self.gamma ** (step // self.step_size)
+        try:
+            return self.initial_lr * self.gamma ** (step // self.step_size)
+        except OverflowError:  # gamma > 1 for long enough: the optimizer refuses it, naming the value
+            return math.inf

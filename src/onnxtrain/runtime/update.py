@@ -48,6 +48,17 @@ def _same(name: str) -> str:
     return name
 
 
+def _layout_difference(optimizer: list, checkpoint: list) -> str:
+    """The first difference between two (name, shape) layouts, in words."""
+    for i, ((name, shape), (c_name, c_shape)) in enumerate(zip(optimizer, checkpoint)):
+        if name != c_name:
+            return f"parameter {i} is {name!r} in the optimizer, {c_name!r} in the checkpoint"
+        if tuple(shape) != tuple(c_shape):
+            return f"{name!r} is {list(shape)} in the optimizer, {list(c_shape)} in the checkpoint"
+    return (f"{len(optimizer)} parameters in the optimizer, {len(checkpoint)} in the checkpoint (a model of other "
+            "artifacts?)")
+
+
 class UpdateGraph:
     """The optimizer model bound to the values it updates.
 
@@ -60,9 +71,8 @@ class UpdateGraph:
     def __init__(self, model: onnx.ModelProto, values: TrainingValues, device: str, session_options):
         self.meta = OptimizerMeta.from_model(model)
         if self.meta.layout != values.params.layout:
-            raise ArtifactError("the optimizer model does not match the checkpoint's trainable parameters "
-                                f"({len(self.meta.layout)} in the optimizer, {len(values.params.layout)} in the "
-                                "checkpoint)")
+            raise ArtifactError("the optimizer model does not match the checkpoint's trainable parameters: "
+                                + _layout_difference(self.meta.layout, values.params.layout))
         self.artifact = model
         self.checks_finite = any(o.name == names.GRADIENTS_FINITE for o in model.graph.output)
         self.bounds, self.model = self._split(model, values, device)

@@ -21,6 +21,18 @@ from onnxtrain.runtime.storage import FlatStorage
 __all__ = ["TrainingValues"]
 
 
+def _common_dtype(trainable: dict[str, np.ndarray]) -> np.dtype:
+    """The one element type of the trainable parameters (they share flat vectors)."""
+    dtypes = {a.dtype for a in trainable.values()} or {np.dtype(np.float32)}
+    if len(dtypes) > 1:
+        counts = {d: sum(a.dtype == d for a in trainable.values()) for d in dtypes}
+        usual = max(counts, key=counts.get)
+        odd = next(n for n, a in trainable.items() if a.dtype != usual)
+        raise CheckpointError(f"the trainable parameters have several dtypes: {odd!r} is {trainable[odd].dtype}, "
+                              f"{counts[usual]} others are {usual} (they share one flat vector; freeze it or cast it)")
+    return dtypes.pop()
+
+
 class TrainingValues:
     """The values of one checkpoint while it trains.
 
@@ -41,10 +53,7 @@ class TrainingValues:
         if nominal:
             data = data.materialize()
         layout = [(n, a.shape) for n, a in data.trainable.items()]
-        dtypes = {a.dtype for a in data.trainable.values()} or {np.dtype(np.float32)}
-        if len(dtypes) > 1:
-            raise ValueError(f"trainable parameters of several dtypes are not supported: {sorted(map(str, dtypes))}")
-        dtype = dtypes.pop()
+        dtype = _common_dtype(data.trainable)
         self.params = FlatStorage(layout, dtype)
         # One gradient vector: a training graph overwrites it (reset) or adds into it element by element
         # (``out = buffer + g``, whose only reader of ``buffer`` is that Add), so it can be read and written in
@@ -78,6 +87,10 @@ class TrainingValues:
 
     @step.setter
     def step(self, value: int) -> None:
+        if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"step must be an integer, got {type(value).__name__} {value!r}")
+        if not 0 <= value <= np.iinfo(np.int64).max:
+            raise ValueError(f"step must be a non-negative int64, got {value}")
         self._step = int(value)
         self.version += 1
 
@@ -168,9 +181,17 @@ class TrainingValues:
         want, have = list(meta.trainable), list(self.params.offsets)
         if want != have:
             missing = [n for n in want if n not in self.params]
-            detail = (f"missing {missing[:5]}" if missing
-                      else f"order or extra names differ ({have[:3]}... vs {want[:3]}...)")
-            raise CheckpointError(f"the checkpoint does not match the training model: trainable parameters {detail}")
+            extra = [n for n in have if n not in meta.trainable]
+            if missing:
+                detail = f"{missing[:5]} trainable in the training model, not in the checkpoint"
+            elif extra:
+                detail = f"{extra[:5]} trainable in the checkpoint, not in the training model"
+            else:
+                first = next(i for i, (w, h) in enumerate(zip(want, have)) if w != h)
+                detail = (f"the trainable parameters are in another order: position {first} holds {have[first]!r} in "
+                          f"the checkpoint, {want[first]!r} in the training model")
+            raise CheckpointError(f"the checkpoint does not match the training model: {detail} (a checkpoint of "
+                                  "other artifacts?)")
         for kind, present in (("frozen", self.frozen), ("buffers", self.buffers)):
             missing = [n for n in getattr(meta, kind) if n not in present]
             if missing:
@@ -196,19 +217,41 @@ class TrainingValues:
 
     # -- optimizer state -------------------------------------------------------------------------------------
     def optimizer_states(self, state_names: tuple[str, ...]) -> dict[str, FlatStorage]:
-        """Flat storage for each optimizer state, initialised from the checkpoint (zeros if absent)."""
-        for s in state_names:
-            if s not in self._optimizer_states:
-                storage = FlatStorage(self.params.layout, self.params.dtype)
+        """Flat storage for each optimizer state, initialised from the checkpoint (zeros if it saved none).
+
+        Raises:
+            CheckpointError: the checkpoint saved optimizer state that is not this optimizer's (other state
+                names, parameters or shapes): starting from zeros at its step would skew the update.
+        """
+        new = [s for s in state_names if s not in self._optimizer_states]
+        if new and self._saved_optimizer:
+            self._check_saved_optimizer(state_names)
+        for s in new:
+            storage = FlatStorage(self.params.layout, self.params.dtype)
+            if self._saved_optimizer:
                 for p, view in storage.views().items():
-                    saved = self._saved_optimizer.get(p, {}).get(s)
-                    if saved is not None:
-                        if saved.shape != view.shape:
-                            raise ValueError(f"optimizer state {s!r} of {p!r} has shape {saved.shape}, "
-                                             f"expected {view.shape}")
-                        view[...] = saved
-                self._optimizer_states[s] = storage
+                    view[...] = self._saved_optimizer[p][s]
+            self._optimizer_states[s] = storage
         return {s: self._optimizer_states[s] for s in state_names}
+
+    def _check_saved_optimizer(self, state_names: tuple[str, ...]) -> None:
+        saved = self._saved_optimizer
+        advice = ("; to start this optimizer afresh, save the checkpoint with include_optimizer_state=False and load "
+                  "that")
+        unknown = [p for p in saved if p not in self.params]
+        if unknown:
+            raise CheckpointError(f"the checkpoint's optimizer state is for parameters that do not train here: "
+                                  f"{unknown[:5]}{advice}")
+        views = self.params.views()
+        for p, view in views.items():
+            states = saved.get(p, {})
+            if sorted(states) != sorted(state_names):
+                raise CheckpointError(f"the checkpoint's optimizer state of {p!r} is {sorted(states)}, this optimizer "
+                                      f"keeps {sorted(state_names)}{advice}")
+            for s, array in states.items():
+                if array.shape != view.shape or array.dtype != view.dtype:
+                    raise CheckpointError(f"the checkpoint's optimizer state {s!r} of {p!r} is {array.dtype}"
+                                          f"{list(array.shape)}, expected {view.dtype}{list(view.shape)}")
 
     # -- memory ----------------------------------------------------------------------------------------------
     def memory(self) -> dict[str, int]:
