@@ -165,6 +165,7 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
         if exported is not None:  # the dynamo exporter listed the module's parameters: exactly those train
             trainable = [n for n in float_names if n in exported and n not in frozen and n not in buffers
                          and n not in statistics and n not in settings]
+            _warn_folded(graph, weights)
         else:
             torch_buffers = exported_buffers(graph)
             trainable = [n for n in float_names if n not in frozen and n not in buffers and n not in statistics
@@ -215,10 +216,23 @@ def _exported_parameters(graph: onnx.GraphProto) -> set[str] | None:
     parameters = {target for kind, target in signature if kind == "PARAMETER"}
     if not parameters:
         return None
-    others = {target for kind, target in signature if kind != "PARAMETER"}
-    folded = {constant for constant, sources in folded_sources(graph).items()
-              if parameters.intersection(sources) and not others.intersection(sources)}
+    folded = {constant for constant, sources in folded_sources(graph).items() if parameters.intersection(sources)}
     return parameters | folded
+
+
+def _warn_folded(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> None:
+    """Warn, when every parameter trains, about torch parameters that the dynamo exporter's optimizer folded into
+    another tensor: that tensor trains in their place, with values that are not theirs (a convolution's weight
+    with its BatchNorm folded in; a bias table gathered by a constant index, each entry now its own)."""
+    missing = [t for t in torch_tensors(graph, "PARAMETER") if t not in weights]
+    folded = [(t, where) for t in missing if (where := folded_parameter(graph, t, weights)) is not None]
+    if folded:
+        listed = "; ".join(f"{t!r} {where}" for t, where in folded[:3])
+        warnings.warn(f"{len(folded)} torch parameters were folded into other tensors by torch.onnx.export's graph "
+                      f"optimizer (optimize=True, its default), which train in their place with values that are "
+                      f"not torch's (loading them back into the torch module by name would not give its model): "
+                      f"{listed}{'; ...' if len(folded) > 3 else ''}; export with optimize=False to train torch's "
+                      "parameters as they are", stacklevel=3)
 
 
 def _is_known_buffer(name: str) -> bool:

@@ -16,7 +16,7 @@ from onnxtrain.artifacts.passes.cast_like_to_cast import CastLikeToCast
 from onnxtrain.artifacts.passes.fold_index_constants import FoldIndexConstants
 from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
-from onnxtrain.artifacts.torch_names import restore_torch_parameters
+from onnxtrain.artifacts.torch_names import restore_torch_parameters, retie_folded_transposes
 from onnxtrain.conventions import TRAINING_META
 from onnxtrain.ir.passes import clone, clone_without, declare_as_inputs, default_opset, node_inputs
 from onnxtrain.ir.symbolic import canonical_name, input_symbols
@@ -89,6 +89,7 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
             raise ValueError(f"cannot read initializer {init.name!r}: {exc}") from None
     del original
     restored = restore_torch_parameters(proto.graph, weights)  # dynamo's optimizer renamed or merged them
+    retie_folded_transposes(proto.graph, weights)              # TorchScript's folding untied a tied head
     if restored:
         logger.info("torch parameters restored from the exporter's records: %d (e.g. %s)", len(restored), restored[0])
     proto = _split_sequences(proto, weights)

@@ -39,7 +39,7 @@ from onnxtrain.ir.torch_records import FX_NODE, FxCall, fx_call
 from onnxtrain.ir.types import onnx_dtype
 
 __all__ = ["restore_torch_parameters", "folded_parameter", "tied_parameters", "graph_signature", "torch_tensors",
-           "folded_sources"]
+           "folded_sources", "retie_folded_transposes"]
 
 logger = logging.getLogger(__name__)
 
@@ -350,3 +350,43 @@ def tied_parameters(graph: onnx.GraphProto, initializers: Collection[str]) -> di
             if x in initializers and name not in initializers:
                 found.setdefault(name, x)
     return found
+
+
+def retie_folded_transposes(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> dict[str, str]:
+    """A weight the TorchScript exporter's constant folding stored transposed under a made-up name
+    (``onnx::MatMul_N``) although the model keeps the weight itself under its torch name: a parameter torch ties
+    (a language model's head and its embedding, as OPT, Gemma and BART do). Trained apart, the embedding's gradient
+    would miss the head's part and the two would drift apart. The folded copy is replaced by a ``Transpose`` of the
+    named weight, in place. Only for models without the dynamo exporter's records (restore_torch_parameters handles
+    those), and only for tensors whose values vary (equal zeros are not a tie). Returns folded name -> weight."""
+    if any(p.key == FX_NODE for n in graph.node[:8] for p in n.metadata_props):
+        return {}
+    folded = {n: w for n, w in weights.items() if n.startswith("onnx::") and w.ndim == 2 and w.dtype.kind == "f"
+              and w.size > 1 and w.min() != w.max()}
+    shapes = {w.shape[::-1] for w in folded.values()}
+    named = [(n, w) for n, w in weights.items() if not n.startswith("onnx::") and w.shape in shapes]
+    ties = {f: n for f, fw in folded.items() for n, w in named
+            if w.shape == fw.shape[::-1] and w.dtype == fw.dtype and np.array_equal(w.T, fw)}
+    if not ties:
+        return {}
+    taken = {x for n in graph.node for x in (*node_inputs(n), *n.output)} | {i.name for i in graph.input}
+    outputs = {f: _fresh(f"{n}/transposed", taken) for f, n in ties.items()}
+    for node in graph.node:
+        for i, x in enumerate(node.input):
+            if x in outputs:
+                node.input[i] = outputs[x]
+    transposes = [helper.make_node("Transpose", [ties[f]], [out], perm=[1, 0], name=out) for f, out in outputs.items()]
+    nodes = transposes + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    for f in ties:
+        del weights[f]
+    infos = [v for v in graph.value_info if v.name not in ties]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
+    logger.warning("%s %s the transpose of %s, which the model also reads: a weight torch ties (a language model's "
+                   "head and embedding), stored twice by the TorchScript exporter's constant folding; trained as %s "
+                   "(export with do_constant_folding=False if they are separate parameters)",
+                   ", ".join(map(repr, ties)), "is" if len(ties) == 1 else "are",
+                   ", ".join(sorted({repr(n) for n in ties.values()})), "one parameter" if len(ties) == 1 else "those")
+    return ties
