@@ -98,9 +98,14 @@ def test_mobilebert_masked_lm_with_its_own_loss(tmp_path):
              labels.numpy()]
     # The C# app feeds the model's own inputs, labels last; no label input is added (no loss block).
     assert module.input_names() == ["input_ids", "attention_mask", "token_type_ids", "labels"]
+    # With no loss block the model's first output is the loss and its others come after it, as the peer's
+    # (its loss=None is a PassThrough of every output): the C# app reads the "loss" output by name.
+    assert module.output_names()[1:] == ["logits"]
     losses = []
     for _ in range(8):
-        losses.append(float(module(*feeds)))
+        loss, logits = module(*feeds)
+        assert logits.shape == (4, 16, 200)
+        losses.append(float(loss))
         optimizer.step()
         module.lazy_reset_grad()
     assert losses[-1] < 0.9 * losses[0]

@@ -53,7 +53,7 @@ _WRITE_AHEAD_BYTES = 1 << 26
 
 def _resolve_loss(loss) -> tuple[Block, bool]:
     """(block, whether every model output goes to it): built-ins take the first output, custom blocks all.
-    None: the model's first output already is the loss."""
+    None: the model's first output already is the loss (:func:`_outputs_without_loss` adds the others)."""
     if loss is None:
         return ops.Identity(), False
     if isinstance(loss, LossType):
@@ -61,6 +61,31 @@ def _resolve_loss(loss) -> tuple[Block, bool]:
     if isinstance(loss, Block):
         return loss, not isinstance(loss, tuple(t.block_class for t in LossType))
     raise TypeError(f"loss must be a LossType or an onnxtrain.blocks.Block, got {type(loss).__name__}")
+
+
+def _names_argument(argument: str, value) -> list[str] | None:
+    """``value`` as a list of value names; TypeError for anything else (a str would be read as its characters)."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{argument} must be a list of value names, not one {type(value).__name__}: pass "
+                        f"[{value!r}], not {value!r}")
+    if not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{argument} must be a list of value names (str), got {value!r}")
+    return list(value)
+
+
+def _outputs_without_loss(model_outputs: list[str], loss_input_names: list[str] | None,
+                          additional_output_names: list[str] | None) -> tuple[list[str] | None, list[str]]:
+    """(loss_input_names, additional_output_names) for ``loss=None``. As the peer's (its loss is a PassThrough of
+    the values the loss would read): the first is the loss, the others are returned after it, so that a model
+    whose outputs are (loss, logits) trains with ``loss, logits = module(x, y)``. Given additional_output_names
+    replace the model's other outputs (the loss_input_names after the first stay, as the peer's)."""
+    if loss_input_names:
+        return loss_input_names[:1], list(dict.fromkeys([*loss_input_names[1:], *(additional_output_names or [])]))
+    if additional_output_names is not None:
+        return None, additional_output_names
+    return None, model_outputs[1:]
 
 
 def _resolve_optimizer(optimizer) -> optim.Optimizer | None:
@@ -138,6 +163,8 @@ def generate_artifacts(
     if custom_op_library is not None:
         raise ValueError("custom_op_library is not supported: onnxtrain artifacts use the default ONNX domain "
                          "only, so that they run on any stock onnxruntime")
+    additional_output_names = _names_argument("additional_output_names", additional_output_names)
+    loss_input_names = _names_argument("loss_input_names", loss_input_names)
     loss_block, all_outputs = _resolve_loss(loss)
     opt_block = _resolve_optimizer(optimizer)
     out_dir = os.fspath(artifact_directory or os.getcwd())
@@ -212,6 +239,9 @@ def generate_artifacts(
         write(files, "training", training, checked=memory.modified, changed=bool(flatbuffer))
 
     source = load_source_model(model)
+    if loss is None:
+        loss_input_names, additional_output_names = _outputs_without_loss(
+            [o.name for o in source.model.graph.output], loss_input_names, additional_output_names)
     check_loss_inputs(source.model.graph, source.detached, loss_input_names, additional_output_names or [],
                       source.first_output, type(loss_block).__name__ if loss is not None else "", all_outputs)
     requires_grad, trainable_ops = _flatbuffer_operators(source.model, requires_grad, trainable_ops)

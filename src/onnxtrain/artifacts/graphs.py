@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -12,11 +13,11 @@ import onnx
 from onnx import helper
 
 from onnxtrain import conventions as names
-from onnxtrain.artifacts.params import ParameterPlan
+from onnxtrain.artifacts.params import ParameterPlan, quantized_away
 from onnxtrain.artifacts.passes import DropUnreadIndices, EvalMode, PoolBeforeRelu
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.blocks import ops
-from onnxtrain.blocks.base import Block, BuildContext
+from onnxtrain.blocks.base import Block
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.errors import UnknownShapeError
 from onnxtrain.ir.builder import GraphBuilder
@@ -84,26 +85,52 @@ def _forward_graph(graph: onnx.GraphProto, weights: dict[str, np.ndarray], state
     return fwd
 
 
-def _add_loss(model: onnx.ModelProto, fwd: onnx.GraphProto, infos: dict[str, TensorInfo], loss: Block,
-              loss_inputs: list[str]) -> tuple[GraphBuilder, list[onnx.ValueInfoProto], str]:
-    """Let the loss block build its nodes on the forward graph: (their builder, new label inputs, loss name)."""
-    lb = GraphBuilder(default_opset(model), taken=used_names(fwd))
+@dataclass
+class _LossPart:
+    """What the loss block added to the forward graph: its nodes, constants and new (label) inputs, the loss and
+    the other values it returned (outputs after the loss)."""
 
-    def reinfer(ctx: BuildContext) -> dict[str, TensorInfo]:  # types of values the blocks made so far
-        partial = copy.deepcopy(fwd)
-        partial.node.extend(ctx.builder.nodes)
-        partial.input.extend(ctx.new_inputs)
-        partial.initializer.extend(ctx.builder.initializers)
-        return infer_tensor_info(_model(model, partial, {}))
+    nodes: list[onnx.NodeProto]
+    initializers: list[onnx.TensorProto]
+    labels: list[onnx.ValueInfoProto]
+    loss: str
+    outputs: list[str]
 
-    bctx = BuildContext(lb, dict(infos), reinfer=reinfer)
-    loss_out = loss(*map(bctx.value, loss_inputs))
-    if not isinstance(loss_out, str):
-        raise TypeError(f"the loss block {type(loss).__name__} must return one value name, got {loss_out!r}")
-    loss_name = lb.unique("loss")
-    if not _rename_value(lb.nodes, loss_out, loss_name):  # the loss node writes the output itself
-        lb.node("Identity", [loss_out], [loss_name])
-    return lb, list(bctx.new_inputs), loss_name
+
+def _add_loss(fwd_model: onnx.ModelProto, infos: dict[str, TensorInfo], loss: Block,
+              loss_inputs: list[str]) -> _LossPart:
+    """Let the loss block build its nodes on the forward graph, in place, as the peer builds it inside
+    ``onnxblock.base(model)``: an onnxblock loss reads and edits ``self.base`` (this model), onnxtrain blocks build
+    on the values they are given. The block returns the loss, or a tuple ``(loss, *outputs)`` whose other values
+    the steps return after the loss."""
+    from onnxtrain.onnxblock.model_accessor import building_on, check_defined
+
+    graph = fwd_model.graph
+    counts = len(graph.node), len(graph.initializer), len(graph.input)
+    who = f"the loss block {type(loss).__name__}"
+    with building_on(fwd_model, infos=infos, owner=who) as accessor:
+        ctx = accessor.context
+        returned = loss(*map(ctx.value, loss_inputs))
+        names_out = list(returned) if isinstance(returned, (tuple, list)) else [returned]
+        if not names_out or not all(isinstance(n, str) for n in names_out):
+            raise TypeError(f"{who} must return the loss's value name, or a tuple (loss, *other outputs) of value "
+                            f"names, got {returned!r}")
+        graph = accessor.model.graph
+        check_defined(graph, who, counts[0])
+        loss_out, outputs = str(names_out[0]), list(dict.fromkeys(str(n) for n in names_out[1:]))
+        defined = {v.name for v in graph.input} | {t.name for t in graph.initializer} | {
+            o for n in graph.node for o in n.output}
+        unknown = [n for n in [loss_out, *outputs] if n not in defined]
+        if unknown:
+            raise ValueError(f"{who} returned {unknown[0]!r}, which is not a value of the model (its outputs are "
+                             f"{[o.name for o in graph.output]})")
+        ctx.builder.take(used_names(graph))  # with the names edits of self.base added
+        loss_name = ctx.builder.unique("loss")
+        if loss_out in outputs or not _rename_value(graph.node[counts[0]:], loss_out, loss_name):
+            ctx.builder.node("Identity", [loss_out], [loss_name])  # or the loss node writes the output itself
+        graph = accessor.model.graph
+    return _LossPart(list(graph.node[counts[0]:]), list(graph.initializer[counts[1]:]),
+                     list(graph.input[counts[2]:]), loss_name, outputs)
 
 
 def _check_scalar_loss(info: TensorInfo | None, loss: Block, first_input: str) -> None:
@@ -138,19 +165,21 @@ def _squeeze_loss(full: onnx.GraphProto, infos: dict[str, TensorInfo], loss_name
 
 
 def _with_loss_infos(model: onnx.ModelProto, infos: dict[str, TensorInfo], full: onnx.GraphProto,
-                     lb: GraphBuilder, labels: list[onnx.ValueInfoProto]) -> dict[str, TensorInfo]:
-    """The infos of ``full`` (the unchanged forward graph, whose ``infos`` are known, and the loss nodes of ``lb``):
+                     part: _LossPart) -> dict[str, TensorInfo]:
+    """The infos of ``full`` (the unchanged forward graph, whose ``infos`` are known, and the loss ``part``):
     shape inference over the loss nodes alone, their forward inputs declared with the types inferred for them
     and their constants included; the same result as over the whole graph again, for a fraction of the time. A
     loss node reading an integer forward value (a shape, whose content inference may have propagated) gets the
     whole graph inferred."""
-    made = {o for n in lb.nodes for o in n.output} | {i.name for i in lb.initializers} | {i.name for i in labels}
-    read = list(dict.fromkeys(x for n in lb.nodes for x in node_inputs(n) if x and x not in made))
+    made = {o for n in part.nodes for o in n.output} | {i.name for i in part.initializers} | {
+        i.name for i in part.labels}
+    read = list(dict.fromkeys(x for n in part.nodes for x in node_inputs(n) if x and x not in made))
     constants = {i.name: i for i in full.initializer if i.name in read}
     if any(x not in constants and (x not in infos or not infos[x].is_float) for x in read):
         return infer_tensor_info(_model(model, full, {}))
-    graph = helper.make_graph(lb.nodes, "loss", [*(value_info(x, infos[x]) for x in read if x not in constants),
-                                                 *labels], [], initializer=[*constants.values(), *lb.initializers])
+    graph = helper.make_graph(part.nodes, "loss", [*(value_info(x, infos[x]) for x in read if x not in constants),
+                                                   *part.labels], [],
+                              initializer=[*constants.values(), *part.initializers])
     return {**infer_tensor_info(_model(model, graph, {})), **infos}
 
 
@@ -160,6 +189,18 @@ def _rename_value(nodes: list[onnx.NodeProto], old: str, new: str) -> bool:
         return False
     rename_values(nodes, {old: new})
     return True
+
+
+def _warn_unreached(graph: onnx.GraphProto, unreached: list[str], loss: str) -> None:
+    """Trainable parameters the loss does not depend on (a second head's weights when the loss reads the first
+    head): their gradient is zero at every step. Those read by a quantizing op are warned about on their own."""
+    quantized = set(quantized_away(graph, unreached))
+    unreached = [p for p in unreached if p not in quantized]
+    if unreached:
+        warnings.warn(f"{len(unreached)} trainable parameters do not reach the loss (e.g. {unreached[:3]}): their "
+                      "gradient is zero at every step (a weight decay still shrinks them); freeze them "
+                      "(frozen_params), or make the loss read the outputs they compute (loss_input_names)",
+                      stacklevel=4)
 
 
 def _accumulate(acc: GraphBuilder, grads: dict[str, str | None], params: list[str], infos: dict[str, TensorInfo]):
@@ -298,10 +339,11 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     graph = model.graph
     state = [*plan.trainable, *plan.frozen, *plan.buffers]
     extras = list(additional_output_names or [])
-    fwd = _forward_graph(graph, weights, state)
+    fwd_model = _model(model, _forward_graph(graph, weights, state), {})
+    fwd = fwd_model.graph  # the loss is built on it, in place
     user_inputs = [i for i in fwd.input if i.name not in weights]
     state_inputs = [i for i in fwd.input if i.name in weights]
-    infos, corrected = infer_from_inputs(_model(model, fwd, {}))
+    infos, corrected = infer_from_inputs(fwd_model)
     if corrected:
         logger.info("%d declared shapes of the model (value infos, outputs) differ from what its inputs give (a "
                     "static size for a dynamic one, another name for a size; e.g. %r): the inputs' are used",
@@ -313,17 +355,16 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     for name in [*loss_inputs, *extras]:
         if name not in infos:
             raise ValueError(f"{name!r} is not a value of the model (its outputs are {output_names})")
-    lb, labels, loss_name = _add_loss(model, fwd, infos, loss, loss_inputs)
+    part = _add_loss(fwd_model, infos, loss, loss_inputs)
+    labels, loss_name = part.labels, part.loss
+    extras = list(dict.fromkeys([*part.outputs, *extras]))  # the block's outputs after the loss, then the asked
 
-    full = copy.deepcopy(fwd)
-    full.node.extend(lb.nodes)
-    full.input.extend(labels)
-    full.initializer.extend(lb.initializers)
+    full = fwd  # with the loss part
     pooled = PoolBeforeRelu(keep={*output_names, *loss_inputs, *extras})(_model(model, full, {}))
     full = pooled.model.graph
     forward_nodes = _copy_nodes(full.node)  # the gradient rules add outputs to them
     infos = (infer_tensor_info(_model(model, full, {})) if pooled.modified
-             else _with_loss_infos(model, infos, full, lb, labels))
+             else _with_loss_infos(model, infos, full, part))
 
     _check_scalar_loss(infos.get(loss_name), loss, loss_inputs[0])
     if infos.get(loss_name) is not None and infos[loss_name].shape:
@@ -346,6 +387,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     acc = GraphBuilder(default_opset(model), taken=full_names | {n.name for n in gb.nodes} |
                        {o for n in gb.nodes for o in n.output}, prefix="acc/")
     grad_inputs, grad_outputs, accumulation = _accumulate(acc, grads, wrt, infos)
+    _warn_unreached(graph, [p for p in plan.trainable if grads.get(p) is None], loss_name)
     sizes = {d: (i.name, axis) for i in reversed(user_inputs) for axis, d in enumerate(infos[i.name].shape or ())
              if isinstance(d, str)}   # a symbol -> a user input's axis of that size
     buffer_outputs, train_forward = _buffer_outputs(acc, forward_nodes, plan.buffers, infos, extras, sizes)

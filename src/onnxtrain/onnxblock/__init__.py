@@ -22,11 +22,11 @@ This is offline-phase code; the blocks are :mod:`onnxtrain.blocks` under the pee
 from onnxtrain.onnxblock import blocks, loss, optim
 from onnxtrain.onnxblock.blocks import Block
 from onnxtrain.onnxblock.checkpoint_utils import load_checkpoint_to_model, save_checkpoint
-from onnxtrain.onnxblock.model_accessor import base, empty_base
+from onnxtrain.onnxblock.model_accessor import base, custom_op_library, empty_base
 from onnxtrain.onnxblock.onnxblock import ForwardBlock, TrainingBlock
 
-__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "empty_base", "blocks", "loss", "optim",
-           "save_checkpoint", "load_checkpoint_to_model"]
+__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "empty_base", "custom_op_library", "blocks", "loss",
+           "optim", "save_checkpoint", "load_checkpoint_to_model"]
 
 
 _RENAMED = {  # onnxruntime-training before 1.15 -> 1.15 to 1.19.2

@@ -13,9 +13,21 @@ import onnx
 from onnx import numpy_helper
 
 from onnxtrain.onnxblock.blocks import Block
-from onnxtrain.onnxblock.model_accessor import ModelAccessor, current_accessor
+from onnxtrain.onnxblock.model_accessor import _BLOCKS, ModelAccessor, current_accessor
 
 __all__ = ["ForwardBlock", "TrainingBlock"]
+
+
+def _built(block: Block, accessor: ModelAccessor, args, kwargs):
+    """``block.build(*args, **kwargs)``, its nodes checked as every block's (:meth:`Block.__call__`)."""
+    start = len(accessor.model.graph.node)
+    _BLOCKS.append(block)
+    try:
+        output = block.build(*args, **kwargs)
+    finally:
+        _BLOCKS.pop()
+    accessor.check_block(block, start)
+    return output
 
 
 def _register_outputs(accessor: ModelAccessor, outputs) -> onnx.ModelProto:
@@ -51,7 +63,7 @@ class ForwardBlock(Block):
 
     def __call__(self, *args, **kwargs):
         accessor = current_accessor()
-        output = self.build(*args, **kwargs)
+        output = _built(self, accessor, args, kwargs)
         self._model = copy.deepcopy(_register_outputs(accessor, output))
         return output
 
@@ -107,7 +119,7 @@ class TrainingBlock(Block):
         from onnxtrain.onnxblock._training import build_training_models
 
         accessor = current_accessor()
-        output = self.build(*args, **kwargs)
+        output = _built(self, accessor, args, kwargs)
         forward = _register_outputs(accessor, output)
         outputs = [output] if isinstance(output, str) else list(output)
         built = build_training_models(forward, outputs[0], self._requires_grad, self._frozen_params, outputs[1:])
