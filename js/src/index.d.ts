@@ -21,6 +21,8 @@ export interface Engine {
 export type URIorBuffer = string | Uint8Array;
 export type Feeds = Record<string, any>;
 export type Outputs = Record<string, any>;
+/** The outputs a step returns: their names, or {name: null | a Tensor that receives the values}. */
+export type Fetches = readonly string[] | Record<string, any>;
 
 export class CheckpointData {
   constructor(init?: Partial<Pick<CheckpointData, 'trainable' | 'frozen' | 'buffers' | 'optimizer' | 'step' | 'properties'>>);
@@ -36,6 +38,12 @@ export class CheckpointData {
 }
 
 export class CheckpointError extends Error {}
+/** A feed has an unknown name, the wrong dtype or shape, a batch that differs from the others', or a bad label. */
+export class InputError extends Error {}
+/** A model is unreadable or does not belong with the others (e.g. an eval model of other artifacts). */
+export class ArtifactError extends Error {}
+/** The engine stopped while running a graph; names the step, the node's op type and what the engine said. */
+export class ExecutionError extends Error {}
 export const CHECKPOINT_FORMAT_VERSION: number;
 export function tensorKey(kind: string, name: string, state?: string): string;
 export function splitTensorKey(key: string): [string, string, string | undefined];
@@ -91,10 +99,11 @@ export class Module {
   train(mode?: boolean): this;
   eval(): this;
   lazyResetGrad(): void;
-  inputNames(): string[];
+  /** The user inputs of the training graph (`training`, default: the current mode) or the eval graph. */
+  inputNames(training?: boolean): string[];
   outputNames(): string[];
-  trainStep(feeds: Feeds): Promise<Outputs>;
-  evalStep(feeds: Feeds): Promise<Outputs>;
+  trainStep(feeds: Feeds, runOptions?: object): Promise<Outputs>;
+  evalStep(feeds: Feeds, runOptions?: object): Promise<Outputs>;
   getParametersSize(trainableOnly?: boolean): number;
   getContiguousParameters(trainableOnly?: boolean): Float32Array;
   copyBufferToParameters(flat: Float32Array, trainableOnly?: boolean): void;
@@ -109,7 +118,7 @@ export class Optimizer {
   skippedSteps: number;
   setLearningRate(learningRate: number): void;
   getLearningRate(): number;
-  step(): Promise<void>;
+  step(runOptions?: object): Promise<void>;
   release(): Promise<void>;
 }
 
@@ -146,13 +155,16 @@ export class TrainingSession {
   readonly checkpointState: CheckpointState;
   readonly module: Module;
   readonly optimizer: Optimizer | null;
-  runTrainStep(feeds: Feeds, fetchesOrOptions?: object, options?: object): Promise<Outputs>;
+  /** fetches: output names, or {name: null | Tensor}; options: onnxruntime RunOptions, passed to the sessions. */
+  runTrainStep(feeds: Feeds, fetchesOrOptions?: Fetches | object, options?: object): Promise<Outputs>;
   runOptimizerStep(options?: object): Promise<void>;
-  runEvalStep(feeds: Feeds, fetchesOrOptions?: object, options?: object): Promise<Outputs>;
+  runEvalStep(feeds: Feeds, fetchesOrOptions?: Fetches | object, options?: object): Promise<Outputs>;
   lazyResetGrad(): Promise<void>;
   getParametersSize(trainableOnly?: boolean): Promise<number>;
   getContiguousParameters(trainableOnly?: boolean): Promise<any>;
-  loadParametersBuffer(buffer: Uint8Array | Float32Array, trainableOnly?: boolean): Promise<void>;
+  /** float32 values: raw bytes (Uint8Array, Node.js Buffer, ArrayBuffer), a Float32Array or a float32 Tensor. */
+  loadParametersBuffer(buffer: Uint8Array | ArrayBuffer | Float32Array | { type: 'float32'; data: Float32Array },
+    trainableOnly?: boolean): Promise<void>;
   getLearningRate(): number;
   setLearningRate(learningRate: number): void;
   saveCheckpoint(path?: string, includeOptimizerState?: boolean): Promise<Uint8Array>;

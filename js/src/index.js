@@ -20,6 +20,7 @@ export { CheckpointData, tensorKey, splitTensorKey } from './checkpoint/data.js'
 export { CheckpointError, loadCheckpoint, saveCheckpoint, readSafetensors, writeSafetensors, CHECKPOINT_FORMAT_VERSION } from './checkpoint/format.js';
 export { importPeerCheckpoint, isPeerCheckpoint, readPeerCheckpoint } from './checkpoint/peer.js';
 export { readMetadataProps } from './runtime/model-metadata.js';
+export { InputError, ArtifactError, ExecutionError } from './errors.js';
 
 /**
  * The API with an engine bound: TrainingSession.create, Module.create and Optimizer.create without the `ort` argument.

@@ -1,3 +1,4 @@
+export * from 'onnxruntime-web';
 export * from './index.js';
 import type { BoundApi } from './index.js';
 export declare const TrainingSession: BoundApi['TrainingSession'];

@@ -1,7 +1,10 @@
-// The API bound to onnxruntime-web: `import { TrainingSession } from 'onnxtrain/web'`.
+// The API bound to onnxruntime-web, with onnxruntime-web's own exports (Tensor, env, InferenceSession, ...), so
+// code written for the former API's namespace import (`import * as ort from 'onnxruntime-web/training'`) runs
+// with `import * as ort from 'onnxtrain/web'`: ort.TrainingSession.create, new ort.Tensor(...), ort.env.
 import * as ort from 'onnxruntime-web';
 import { bindEngine } from './index.js';
 
+export * from 'onnxruntime-web';
 export * from './index.js';
 export const { TrainingSession, Module, Optimizer, TrainStep } = bindEngine(ort);
 export { ort };

@@ -3,7 +3,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { CheckpointState, CheckpointError, importPeerCheckpoint, loadCheckpoint, readPeerCheckpoint, saveCheckpoint } from '../src/index.js';
+import { CheckpointState, CheckpointError, importPeerCheckpoint, loadCheckpoint, readPeerCheckpoint, readSafetensors,
+  saveCheckpoint } from '../src/index.js';
 import { REPO, fixtures, load } from './support/fixtures.js';
 
 const { dir } = fixtures();
@@ -65,4 +66,26 @@ test('a damaged onnxruntime-training checkpoint is a CheckpointError, never anot
     }
   }
   assert.ok(errors >= Math.floor(peer.length / 5), `${errors} errors`);
+});
+
+/** The bytes as a Node.js Buffer at an offset inside a larger buffer, as fs.readFileSync returns small files (a
+ * view into Node's shared pool): Buffer.slice() is a view there, not a copy. */
+const pooled = (bytes) => Buffer.concat([Buffer.alloc(13, 0xee), bytes, Buffer.alloc(7, 0xee)]).subarray(13, 13 + bytes.length);
+
+test('a checkpoint given as a Node.js Buffer at an offset reads as its bytes (readSafetensors, loadCheckpoint, create)', async () => {
+  const bytes = await load(join(dir, 'mlp_sgd', 'checkpoint'));
+  const buffer = pooled(bytes);
+  assert.ok(buffer.byteOffset > 0 && buffer.buffer.byteLength > buffer.length);
+  const expected = readSafetensors(bytes).tensors;
+  for (const [name, t] of readSafetensors(buffer).tensors) assert.deepEqual(t.data, expected.get(name).data, name);
+  assert.deepEqual(saveCheckpoint(loadCheckpoint(buffer)), bytes);
+  const state = await CheckpointState.loadCheckpoint(buffer);
+  assert.deepEqual(state.toBytes(false), bytes);
+});
+
+test('importPeerCheckpoint takes Node.js Buffers', async () => {
+  const peer = await load(join(REPO, 'tests', 'checkpoint', 'data', 'peer_tiny', 'checkpoint'));
+  const template = await load(join(dir, 'peer', 'checkpoint'));
+  const data = importPeerCheckpoint(pooled(peer), pooled(template));
+  assert.deepEqual(saveCheckpoint(data, true), await load(join(dir, 'peer', 'imported.ckpt')));
 });

@@ -98,8 +98,9 @@ export function readSafetensors(bytes, where = 'checkpoint') {
     if (count * Ctor.BYTES_PER_ELEMENT !== end - begin) {
       throw new CheckpointError(`${where}: tensor ${JSON.stringify(name)} of ${info.dtype}${JSON.stringify(info.shape)} needs ${count * Ctor.BYTES_PER_ELEMENT} bytes, its offsets span ${end - begin}`);
     }
-    // slice(): a copy in its own, aligned buffer (the file's bytes may sit at any offset)
-    const data = new Ctor(bytes.slice(dataStart + begin, dataStart + end).buffer);
+    // a copy in its own, aligned buffer: the file's bytes may sit at any offset of a larger buffer (a Node.js
+    // Buffer's slice() is a view into a shared pool, so slice().buffer is not the tensor's bytes)
+    const data = new Ctor(new Uint8Array(bytes.subarray(dataStart + begin, dataStart + end)).buffer);
     tensors.set(name, { dtype, shape: info.shape, data });
     spans.push([begin, end]);
   }

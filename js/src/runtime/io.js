@@ -8,7 +8,8 @@ const isNode = typeof globalThis.process?.versions?.node === 'string';
  * @returns {Promise<Uint8Array>}
  */
 export async function readBytes(source, what) {
-  if (source instanceof Uint8Array) return source;
+  // a plain Uint8Array over the same bytes: a Node.js Buffer's slice() would be a view, not a copy
+  if (source instanceof Uint8Array) return new Uint8Array(source.buffer, source.byteOffset, source.byteLength);
   if (source instanceof ArrayBuffer) return new Uint8Array(source);
   if (typeof source !== 'string') throw new TypeError(`the ${what} must be a URI string or a Uint8Array, got ${typeof source}`);
   if (isNode && !/^(https?|blob|data):/.test(source)) {

@@ -11,7 +11,9 @@
 // training graph runs alone and the optimizer graph at step().
 
 import * as names from '../conventions.js';
-import { CLASS_LOSSES, classLabelInputs, trainingMetadata } from './model-metadata.js';
+import { ArtifactError, ExecutionError } from '../errors.js';
+import { CLASS_LOSSES, TRAINING_METADATA, classLabelInputs, graphInputs, readMetadataProps, trainingMetadata } from './model-metadata.js';
+import { checkFeeds } from './inputs.js';
 import { readBytes } from './io.js';
 
 export class Module {
@@ -26,18 +28,23 @@ export class Module {
     const trainBytes = await readBytes(trainModel, 'training model');
     const meta = trainingMetadata(trainBytes, 'training model');
     checkStateMatches(meta, state);
-    const train = await openSession(ort, trainBytes, 'training model', sessionOptions);
+    const userNames = [...meta.user_inputs, ...meta.labels];
+    const declared = new Map(graphInputs(trainBytes).map((m) => [m.name, m]));
+    const inputs = { train: userNames.map((n) => declared.get(n) ?? { name: n, type: null, shape: null }), eval: [] };
     const labels = { train: classLabelInputs(trainBytes), eval: {} };
-    let evalSession = null;
-    if (evalModel !== undefined && evalModel !== null) {
-      const evalBytes = await readBytes(evalModel, 'eval model');
-      evalSession = await openSession(ort, evalBytes, 'eval model', sessionOptions);
+    let evalBytes = null;
+    if (evalModel !== undefined && evalModel !== null && evalModel !== '') {
+      evalBytes = await readBytes(evalModel, 'eval model');
+      inputs.eval = evalUserInputs(evalBytes, meta, inputs.train, state);
       labels.eval = classLabelInputs(evalBytes);
+      labels.train = withEvalClassCounts(labels.train, labels.eval);
     }
-    return new Module(ort, state, meta, train, evalSession, labels);
+    const train = await openSession(ort, trainBytes, 'training model', sessionOptions);
+    const evalSession = evalBytes && await openSession(ort, evalBytes, 'eval model', sessionOptions);
+    return new Module(ort, state, meta, train, evalSession, labels, inputs);
   }
 
-  constructor(ort, state, meta, train, evalSession, labels = { train: {}, eval: {} }) {
+  constructor(ort, state, meta, train, evalSession, labels = { train: {}, eval: {} }, inputs = undefined) {
     this.ort = ort;
     this.state = state;
     this.meta = meta;
@@ -46,6 +53,10 @@ export class Module {
     // the inputs each graph's class loss reads as labels, checked before a run (onnxruntime reads -1 as the
     // last class without an error)
     this._labels = labels;
+    // each graph's declared user inputs ([{name, type, shape}]), the feeds are checked against before a run
+    const unchecked = (n) => ({ name: n, type: null, shape: null });
+    this._inputs = inputs ?? { train: [...meta.user_inputs, ...meta.labels].map(unchecked),
+      eval: evalSession ? [...meta.user_inputs, ...meta.labels].map(unchecked) : [] };
     this.training = true;
     this.nonfiniteSteps = 0;
     /** Training calls that ran the train-step model (the rest ran the training graph alone). */
@@ -108,9 +119,9 @@ export class Module {
     this._resetPending = true;
   }
 
-  /** The user inputs (inputs and labels) of the current mode's graph. */
-  inputNames() {
-    return [...this.meta.user_inputs, ...this.meta.labels];
+  /** The user inputs (inputs, then labels) of the training graph (`training`) or the eval graph. */
+  inputNames(training = this.training) {
+    return this._inputs[training ? 'train' : 'eval'].map((m) => m.name);
   }
 
   /** The outputs a step returns: the loss, then the additional outputs. */
@@ -123,10 +134,11 @@ export class Module {
    * One training step: forward, backward, gradients accumulated into the state (reset first after
    * lazyResetGrad()). Returns {loss, ...additional outputs} as engine tensors.
    */
-  async trainStep(feeds) {
+  async trainStep(feeds, runOptions = undefined) {
     const state = this.state;
     this._resetFlag[0] = this._resetPending ? 1 : 0;
-    const userFeeds = this._userFeeds(feeds, 'training step', this._labels.train);
+    const userFeeds = checkFeeds(this._inputs.train, feeds, 'training step', this._labels.train);
+    const how = { runOptions, hasLabels: Object.keys(this._labels.train).length > 0 };
     const fused = this._fusing() ? this._trainStep : null;
     this._prepared = null;
     let outputs;
@@ -134,14 +146,14 @@ export class Module {
       const inputs = { ...userFeeds, ...this._stateFeeds };
       if (fused.takesGradientBuffers) Object.assign(inputs, this._gradFeeds);
       if (fused.reset === null) Object.assign(inputs, this._resetFeed);
-      const result = await fused.run(inputs, state);
+      const result = await fused.run(inputs, state, how);
       outputs = result.outputs;
       state.grads.vector.set(result.gradients.data);
       this._prepared = result.prepared;
       this.fusedCalls += 1;
     } else {
       outputs = await run(this._train, { ...userFeeds, ...this._stateFeeds, ...this._gradFeeds, ...this._resetFeed },
-        'training step');
+        'training step', how);
       for (const [output, view] of this._gradOutputs) view.set(outputs[output].data);
     }
     this._callsSinceStep += 1;
@@ -162,11 +174,11 @@ export class Module {
   }
 
   /** One evaluation with the eval graph and the current parameters; returns its outputs (loss first). */
-  async evalStep(feeds) {
+  async evalStep(feeds, runOptions = undefined) {
     if (!this._eval) throw new Error('this Module has no eval model: pass evalModel to create() to evaluate');
-    const inputs = this._userFeeds(feeds, 'eval step', this._labels.eval);
+    const inputs = checkFeeds(this._inputs.eval, feeds, 'eval step', this._labels.eval);
     for (const name of this._eval.inputNames) if (!(name in inputs)) inputs[name] = this._stateFeeds[name];
-    return run(this._eval, inputs, 'eval step');
+    return run(this._eval, inputs, 'eval step', { runOptions, hasLabels: Object.keys(this._labels.eval).length > 0 });
   }
 
   /** Fuse when a train-step model applies and the last cycle had one training call per optimizer step (an
@@ -174,14 +186,6 @@ export class Module {
   _fusing() {
     return this.fuse && this._trainStep !== null && this._callsSinceStep === 0 && this._callsLastCycle === 1
       && this._trainStep.appliesTo(this._resetPending);
-  }
-
-  _userFeeds(feeds, what, labels) {
-    const expected = this.inputNames();
-    const missing = expected.filter((n) => !(n in feeds));
-    if (missing.length) throw new Error(`${what}: missing inputs ${missing.join(', ')} (expected ${expected.join(', ')})`);
-    for (const [name, range] of Object.entries(labels)) if (name in feeds) checkLabels(name, feeds[name], range, what);
-    return Object.fromEntries(expected.map((n) => [n, feeds[n]]));
   }
 
   /** Number of parameter elements (trainable only, or all). */
@@ -208,8 +212,10 @@ export class Module {
   /** Set the parameters from one flat Float32Array, in getContiguousParameters order. */
   copyBufferToParameters(flat, trainableOnly = true) {
     const expected = this.getParametersSize(trainableOnly);
-    if (!(flat instanceof Float32Array) || flat.length !== expected) {
-      throw new RangeError(`expected a Float32Array of ${expected} parameters, got ${flat?.constructor?.name} of ${flat?.length}`);
+    if (!(flat instanceof Float32Array)) throw new TypeError(`copyBufferToParameters expects a Float32Array, got ${flat?.constructor?.name ?? flat}`);
+    if (flat.length !== expected) {
+      throw new RangeError(`copyBufferToParameters expects ${expected} values (the ${trainableOnly ? 'trainable' : 'trainable and frozen'} `
+        + `parameters), got ${flat.length}`);
     }
     this.state.setParameters(flat, trainableOnly);
   }
@@ -221,26 +227,44 @@ export class Module {
   }
 }
 
-/** A RangeError unless every label of `tensor` is a class index (below the declared class count) or the loss's
- * ignore_index; as the Python runtime's runtime/inputs.py. */
-export function checkLabels(name, tensor, { loss, classes, ignoreIndex }, what) {
-  const data = tensor?.data;
-  if (!data || !(data instanceof BigInt64Array || data instanceof Int32Array)) return;
-  const high = classes === null ? null : BigInt(classes);
-  for (let k = 0; k < data.length; k++) {
-    const value = BigInt(data[k]);
-    if ((value >= 0n && (high === null || value < high)) || value === ignoreIndex) continue;
-    const index = [];
-    for (let rest = k, d = tensor.dims.length - 1; d >= 0; d--) {
-      index.unshift(rest % tensor.dims[d]);
-      rest = Math.floor(rest / tensor.dims[d]);
-    }
-    const allowed = high === null ? 'from 0 to the number of classes - 1' : `0 to ${high - 1n}`;
-    const ignore = ignoreIndex !== null ? ` or equal ignore_index=${ignoreIndex}`
-      : value < 0n ? "; the loss has no ignore_index (torch's default of -100 is not implied: set it on the loss block)" : '';
-    throw new RangeError(`${what}: input '${name}' holds the class label ${value} at index [${index.join(', ')}]; `
-      + `${loss} labels must be class indices, ${allowed}${ignore}`);
+/**
+ * The eval graph's user inputs, once it is known to belong to the training model's artifacts: the same
+ * "onnxtrain.training" metadata (both models carry it) and, as Python's TrainingRun checks, the same user
+ * inputs and no input the checkpoint does not have. Otherwise an ArtifactError.
+ */
+function evalUserInputs(evalBytes, meta, trainInputs, state) {
+  const refuse = (reason) => new ArtifactError(`the eval model does not belong to the training model's artifacts: `
+    + `${reason}; pass the eval_model.onnx written with this training_model.onnx`);
+  const declared = graphInputs(evalBytes);
+  const user = declared.slice(0, trainInputs.length);
+  const known = (n) => state.params.has(n) || state.frozen.has(n) || state.buffers.has(n);
+  const foreign = declared.slice(trainInputs.length).map((m) => m.name).filter((n) => !known(n));
+  if (foreign.length) throw refuse(`it reads ${JSON.stringify(foreign.slice(0, 3))}, which the checkpoint and the training model do not have`);
+  const names = (inputs) => JSON.stringify(inputs.map((m) => m.name));
+  if (names(user) !== names(trainInputs)) throw refuse(`it takes the inputs ${names(user)}, the training model ${names(trainInputs)}`);
+  // stricter than Python: an eval graph of other artifacts over a subset of the same parameters passes the
+  // checks above (e.g. one that baked in parameters the training model trains)
+  if (TRAINING_METADATA in readMetadataProps(evalBytes)) {
+    const evalMeta = trainingMetadata(evalBytes, 'eval model');
+    const differs = Object.keys({ ...meta, ...evalMeta }).filter((k) => JSON.stringify(meta[k]) !== JSON.stringify(evalMeta[k]));
+    if (differs.length) throw refuse(`its "${TRAINING_METADATA}" metadata differs from the training model's in ${differs.join(', ')}`);
   }
+  return user;
+}
+
+/**
+ * The training graph's label inputs with the class count the eval graph declares where the training graph
+ * leaves it open (with ignore_index, the training graph's scores may have no declared class dim); the eval
+ * graph belongs to the same artifacts (evalUserInputs), so the count is the same.
+ */
+function withEvalClassCounts(train, evalLabels) {
+  const filled = {};
+  for (const [name, info] of Object.entries(train)) {
+    const other = evalLabels[name];
+    const same = other && other.loss === info.loss && other.ignoreIndex === info.ignoreIndex;
+    filled[name] = info.classes === null && same ? { ...info, classes: other.classes } : info;
+  }
+  return filled;
 }
 
 function checkStateMatches(meta, state) {
@@ -259,25 +283,51 @@ export async function openSession(ort, bytes, what, sessionOptions) {
   try {
     return await ort.InferenceSession.create(bytes, sessionOptions);
   } catch (error) {
-    throw new Error(`the ${what} cannot be loaded: ${error.message ?? error}`);
+    throw new ArtifactError(`the ${what} cannot be loaded: ${error.message ?? error}`);
   }
 }
 
-// the ops where a class label (or another index) out of range fails; elsewhere that hint would mislead
+const NODE = /running (\w+) node(?:\. Name:'([^']*)')?/;
+// onnxruntime's checks of the feeds against the graph's declared inputs, before any node runs
+const SHAPE_MESSAGE = /invalid dimensions|Invalid rank|Unexpected input data type/i;
+// the ops where an index out of range fails; elsewhere an index hint would mislead
 const INDEX_READERS = new Set([...CLASS_LOSSES, 'OneHot', 'Gather', 'GatherElements', 'GatherND', 'ScatterElements',
   'ScatterND']);
+// of those, the ones a class loss's decomposition reads the labels with
+const LABEL_READERS = new Set(['OneHot', 'GatherElements']);
 
-/** session.run(); an engine failure names the step, the op and the node (as the Python runtime's). */
-export async function run(session, feeds, what) {
+/**
+ * session.run(); an engine failure is an ExecutionError naming the step, the op and the node, as Python's
+ * runtime/engine_errors.py.
+ * @param {{runOptions?: object, hasLabels?: boolean}} how onnxruntime RunOptions; whether the graph has class labels
+ */
+export async function run(session, feeds, what, { runOptions = undefined, hasLabels = false } = {}) {
   try {
-    return await session.run(feeds);
+    return await (runOptions === undefined ? session.run(feeds) : session.run(feeds, [...session.outputNames], runOptions));
   } catch (error) {
-    const message = String(error.message ?? error);
-    const node = /running (\w+) node(?:\. Name:'([^']*)')?/.exec(message);
+    const message = String(error?.message ?? error);
+    const node = NODE.exec(message);
     const where = node ? ` in a ${node[1]} node${node[2] ? ` ('${node[2]}')` : ''}` : '';
-    const hint = !node || INDEX_READERS.has(node[1])
-      ? 'check the input values, e.g. class labels must be below the number of classes'
-      : "check the inputs' shapes and values";
-    throw new Error(`the ${what} failed${where}: ${message} (${hint})`);
+    throw new ExecutionError(`the ${what} failed${where}: ${engineMessage(message)} (${hint(node?.[1], message, hasLabels)})`);
   }
+}
+
+/** The class-label hint only where labels are read, and an index hint where another index is. */
+function hint(op, message, hasLabels) {
+  const classes = 'check the input values, e.g. class labels must be below the number of classes';
+  const shapes = "check the inputs' shapes and values";
+  if (op === undefined) return hasLabels && !SHAPE_MESSAGE.test(message) ? classes : shapes;
+  if (CLASS_LOSSES.has(op) || (hasLabels && LABEL_READERS.has(op))) return classes;
+  return INDEX_READERS.has(op) ? 'check the input values, e.g. indices such as token ids must be below the size they index' : shapes;
+}
+
+/** What the engine said, on one line, without onnxruntime's status prefix and source locations (as Python's). */
+function engineMessage(message) {
+  let text = message.split(/\s+/).join(' ').trim();
+  text = text.replace(/^\[ONNXRuntimeError\] : \d+ : \w+ : /, '');
+  if (text.includes('Status Message:')) {
+    text = text.split('Status Message:').slice(1).join('Status Message:').trim();
+    text = text.replace(/^\S+\.(cc|h|cpp):\d+ (.*?\] )?/, '');
+  }
+  return text.slice(0, 300) || 'unknown engine error';
 }

@@ -77,13 +77,13 @@ export class Optimizer {
   }
 
   /** One update of every trainable parameter (skipped, with a warning, if the loss or a gradient is not finite). */
-  async step() {
+  async step(runOptions = undefined) {
     const state = this.module.state;
     const prepared = this.module.takePreparedUpdate();
     if (!this.module.lastLossFinite) return this._skip('the loss is not finite');
     this.prepareFeeds();
     const out = prepared?.isValidFor(this, state) ? prepared.update
-      : await run(this._session, this._feeds, 'optimizer step');
+      : await run(this._session, this._feeds, 'optimizer step', { runOptions });
     const finite = out[names.GRADIENTS_FINITE];
     if (finite && !finite.data[0]) return this._skip('the gradients are not finite');
     if (!finite && !state.grads.vector.every(Number.isFinite)) return this._skip('the gradients are not finite');

@@ -55,12 +55,13 @@ export class TrainStep {
 
   /**
    * One fused run: `inputs` are the training graph's (user feeds, state, gradient buffers and flag as needed),
-   * `state` the CheckpointState they come from. Returns the outputs, the flat gradient and the update prepared.
+   * `state` the CheckpointState they come from, `how` run()'s options. Returns the outputs, the flat gradient and
+   * the update prepared.
    */
-  async run(inputs, state) {
+  async run(inputs, state, how = {}) {
     this.optimizer.prepareFeeds();
     const feeds = { ...inputs, ...this._optimizerFeeds };
-    const outputs = await run(this._session, feeds, 'training step (fused with the optimizer)');
+    const outputs = await run(this._session, feeds, 'training step (fused with the optimizer)', how);
     const update = {};
     for (const name of this.optimizer.outputNames()) update[name] = outputs[this.name(name)];
     return { outputs, gradients: outputs[this.name(names.GRADIENTS)],

@@ -1,0 +1,91 @@
+// User feeds checked against a graph's declared inputs before a run, as onnxtrain/runtime/inputs.py's
+// check_inputs: names, tensor type, rank, static dims, a symbolic dim (the batch) equal across the inputs that
+// declare it, and class labels. onnxruntime would reject some of these with a message naming no step (or, on
+// WebAssembly, only an error code) and would broadcast a batch-1 target silently.
+
+import { InputError } from '../errors.js';
+
+/** 'float32[batch, 8]', as inputs.py's describe; '?' for what the graph leaves open. */
+export function describe({ type, shape }) {
+  return `${type ?? '?'}${shape === null ? '?' : `[${shape.map((d) => d ?? '?').join(', ')}]`}`;
+}
+
+/**
+ * The feeds of the graph's user inputs `inputs` ([{name, type, shape}], model-metadata.js graphInputs), in
+ * their order; an InputError names the first feed that is unknown, missing or does not fit its declaration,
+ * or a label (`labels`: classLabelInputs) that is not a class index.
+ */
+export function checkFeeds(inputs, feeds, what, labels = {}) {
+  const expected = inputs.map((m) => m.name);
+  const given = Object.keys(feeds).filter((n) => feeds[n] !== undefined);
+  const unknown = given.filter((n) => !expected.includes(n));
+  const missing = expected.filter((n) => feeds[n] === undefined);
+  if (unknown.length || missing.length) {
+    const problems = [[unknown, 'unknown'], [missing, 'missing']].filter(([names]) => names.length)
+      .map(([names, kind]) => `${kind} input${names.length > 1 ? 's' : ''} ${names.map((n) => `'${n}'`).join(', ')}`);
+    throw new InputError(`${what}: ${problems.join(', ')}; it takes ${inputs.map((m) => `${m.name}: ${describe(m)}`).join(', ')}`);
+  }
+  const symbols = new Map();
+  for (const meta of inputs) {
+    checkTensor(meta, feeds[meta.name], what, symbols);
+    if (meta.name in labels) checkLabels(meta.name, feeds[meta.name], labels[meta.name], what);
+  }
+  return Object.fromEntries(expected.map((n) => [n, feeds[n]]));
+}
+
+const isTensor = (value) => typeof value === 'object' && value !== null && typeof value.type === 'string'
+  && Array.isArray(value.dims);
+
+/** An InputError unless `tensor` fits `meta`; `symbols` holds the sizes of the symbolic dims seen so far. */
+function checkTensor(meta, tensor, what, symbols) {
+  const { name, type, shape } = meta;
+  if (!isTensor(tensor)) {
+    const got = tensor === null ? 'null' : tensor?.constructor?.name ?? typeof tensor;
+    throw new InputError(`${what}: input '${name}' must be a Tensor (new ort.Tensor('${type}', data, dims)), got ${got}`);
+  }
+  const dims = [...tensor.dims];
+  const got = `${tensor.type}[${dims.join(', ')}]`;
+  if (type !== null && tensor.type !== type) {
+    throw new InputError(`${what}: input '${name}' expects dtype ${type}, got ${tensor.type} (expected ${describe(meta)}, got ${got})`);
+  }
+  if (shape === null) return;
+  if (dims.length && dims[0] === 0 && shape.length && typeof shape[0] !== 'number') {
+    throw new InputError(`${what}: input '${name}' holds no examples (shape [${dims.join(', ')}]); a step needs a batch of at least one`);
+  }
+  if (dims.length !== shape.length) {
+    throw new InputError(`${what}: input '${name}' expects rank ${shape.length} (${describe(meta)}), got shape [${dims.join(', ')}]`);
+  }
+  shape.forEach((want, axis) => {
+    const have = dims[axis];
+    if (typeof want === 'number' && want !== have) {
+      throw new InputError(`${what}: input '${name}' expects shape ${describe(meta)}, got [${dims.join(', ')}] (axis ${axis} should be ${want})`);
+    }
+    if (typeof want !== 'string') return;
+    if (!symbols.has(want)) symbols.set(want, have);
+    if (symbols.get(want) !== have) {
+      throw new InputError(`${what}: input '${name}' has ${want}=${have} on axis ${axis}, but an earlier input has ${want}=${symbols.get(want)}`);
+    }
+  });
+}
+
+/** An InputError unless every label of `tensor` is a class index (below the declared class count) or the loss's
+ * ignore_index; as inputs.py's _check_labels (onnxruntime reads -1 as the last class without an error). */
+export function checkLabels(name, tensor, { loss, classes, ignoreIndex }, what) {
+  const data = tensor?.data;
+  if (!data || !(data instanceof BigInt64Array || data instanceof Int32Array)) return;
+  const high = classes === null ? null : BigInt(classes);
+  for (let k = 0; k < data.length; k++) {
+    const value = BigInt(data[k]);
+    if ((value >= 0n && (high === null || value < high)) || value === ignoreIndex) continue;
+    const index = [];
+    for (let rest = k, d = tensor.dims.length - 1; d >= 0; d--) {
+      index.unshift(rest % tensor.dims[d]);
+      rest = Math.floor(rest / tensor.dims[d]);
+    }
+    const allowed = high === null ? 'from 0 to the number of classes - 1' : `0 to ${high - 1n}`;
+    const ignore = ignoreIndex !== null ? ` or equal ignore_index=${ignoreIndex}`
+      : value < 0n ? "; the loss has no ignore_index (torch's default of -100 is not implied: set it on the loss block)" : '';
+    throw new InputError(`${what}: input '${name}' holds the class label ${value} at index [${index.join(', ')}]; `
+      + `${loss} labels must be class indices, ${allowed}${ignore}`);
+  }
+}
