@@ -386,15 +386,16 @@ def test_a_label_outside_the_classes_is_refused_before_the_run(mlp_dir, rng, lab
         module(x, y)
 
 
-def test_labels_equal_to_ignore_index_pass_and_others_are_named(tmp_path, rng):
+@pytest.mark.parametrize("outputs", [None, ["output"]])  # the scores also a graph output: declared there
+def test_labels_equal_to_ignore_index_pass_and_others_are_named(tmp_path, rng, outputs):
     from onnxtrain import blocks
 
     generate_artifacts(models.mlp(), loss=blocks.CrossEntropyLoss(ignore_index=-100), optimizer=OptimType.AdamW,
-                       artifact_directory=tmp_path)
+                       artifact_directory=tmp_path, additional_output_names=outputs)
     _, module = load(tmp_path)
     x, y = batch(rng)
     y[1] = -100
-    assert np.isfinite(module(x, y))
+    assert np.isfinite(module(x, y)[0] if outputs else module(x, y))
     y[2] = -7
     with pytest.raises(InputError, match=r"class label -7 at index \[2\].*or equal ignore_index=-100"):
         module(x, y)

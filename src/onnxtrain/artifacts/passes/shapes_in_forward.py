@@ -81,8 +81,9 @@ class ShapesInForward(Pass):
                 helper.make_node("Shape", [x], [shapes[x]], name=unique(x + "/shape_in_forward")),
                 helper.make_node("Reshape", [x, shapes[x]], [pinned[x]], name=unique(x + "/pinned_after_shape"))])
         graph = out.graph
-        # a pinned value is its value, reshaped to its own shape: it has the same declaration, if any
-        declared = {v.name: v for v in graph.value_info}
+        # a pinned value is its value, reshaped to its own shape: it has the same declaration, if any (a graph
+        # output's too: the runtime reads a class loss's class count from its scores' declaration)
+        declared = {v.name: v for v in (*graph.value_info, *graph.output)}
         for x in targets:
             if x in declared:
                 graph.value_info.add().CopyFrom(declared[x])
