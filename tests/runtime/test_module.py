@@ -510,6 +510,19 @@ def test_an_eval_model_of_other_artifacts_is_refused_when_the_module_is_made(mlp
         Module(mlp_dir / "training_model.onnx", state, other / "eval_model.onnx")
 
 
+def test_an_eval_model_of_another_loss_over_the_same_parameters_is_refused(mlp_dir, tmp_path):
+    """Its inputs and parameters are the training model's, but it computes another loss."""
+    from onnxtrain import blocks
+
+    other = tmp_path / "other"
+    generate_artifacts(models.mlp(), loss=blocks.CrossEntropyLoss(reduction="sum"), optimizer=OptimType.AdamW,
+                       artifact_directory=other, additional_output_names=["output"])
+    state = CheckpointState.load_checkpoint(mlp_dir / "checkpoint")
+    with pytest.raises(ArtifactError, match=r"does not belong .*metadata differs from the training model's in "
+                                            r"\[.*'loss_reduction'\]"):
+        Module(mlp_dir / "training_model.onnx", state, other / "eval_model.onnx")
+
+
 def test_an_empty_batch_and_a_single_output_name_are_handled(mlp_dir, tmp_path):
     state, module = load(mlp_dir)
     with pytest.raises(InputError, match=r"input 'input' holds no examples \(shape \[0, 8\]\)"):

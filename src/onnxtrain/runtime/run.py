@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import onnx
 
 from onnxtrain import conventions as names
-from onnxtrain.conventions import TrainingMeta
+from onnxtrain.conventions import TRAINING_META, TrainingMeta
 from onnxtrain.errors import ArtifactError, PassError
 from onnxtrain.runtime.backends import check_device, supports_constants
 from onnxtrain.runtime.backends.base import graph_io
@@ -57,6 +57,14 @@ class PreparedUpdate:
     update: UpdateGraph
     learning_rate: float
     values_version: int
+
+
+def _differing_fields(meta: TrainingMeta, eval_model: onnx.ModelProto) -> list[str]:
+    """The fields of the eval model's training description that differ from ``meta`` (none if it has none)."""
+    if not any(p.key == TRAINING_META for p in eval_model.metadata_props):
+        return []
+    other = TrainingMeta.from_model(eval_model, "eval model")
+    return [f.name for f in fields(meta) if getattr(meta, f.name) != getattr(other, f.name)]
 
 
 class TrainingRun:
@@ -106,12 +114,16 @@ class TrainingRun:
             values.check_declared(eval_inputs, "eval model")
             state = values.graph_values()
             foreign = [m.name for m in eval_inputs[n_user:] if m.name not in state]
-            if foreign or [m.name for m in eval_inputs[:n_user]] != [m.name for m in self.train_inputs]:
+            # both models of one generation carry the same description; one of other artifacts over the same
+            # parameters (another loss, say) would pass the checks of inputs
+            differs = _differing_fields(self.meta, eval_model)
+            if foreign or differs or [m.name for m in eval_inputs[:n_user]] != [m.name for m in self.train_inputs]:
                 raise ArtifactError(
                     "the eval model does not belong to the training model's artifacts: "
                     + (f"it reads {foreign[:3]}, which the checkpoint and the training model do not have"
-                       if foreign else f"it takes the inputs {[m.name for m in eval_inputs[:n_user]]}, the "
-                       f"training model {[m.name for m in self.train_inputs]}")
+                       if foreign else f"its {TRAINING_META!r} metadata differs from the training model's in "
+                       f"{differs}" if differs else f"it takes the inputs {[m.name for m in eval_inputs[:n_user]]}, "
+                       f"the training model {[m.name for m in self.train_inputs]}")
                     + "; pass the eval_model.onnx written with this training_model.onnx")
             self.eval_inputs = eval_inputs[:n_user]
             self.eval_labels = class_label_inputs(eval_model)
