@@ -281,6 +281,14 @@ row("MaxPool", {"x": distinct(2, 2, 5, 7)}, {"kernel_shape": [2, 3], "strides": 
     tag="apart_padded_remainder", torch=lambda x: F().max_pool2d(x, (2, 3), 3, padding=(0, 1)))
 row("MaxPool", {"x": distinct(2, 3, 9)}, {"kernel_shape": [3], "strides": [3], "storage_order": 0}, tag="1d",
     torch=lambda x: F().max_pool1d(x, 3))
+row("AveragePool", {"x": randn(2, 2, 5, 6)}, {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+    tag="same_upper_strided")   # TFLite's SAME pool; with symbolic sizes (test_dynamic_shapes) padded at run time
+row("AveragePool", {"x": randn(2, 2, 6, 7)}, {"kernel_shape": [2, 3], "strides": [2, 3], "auto_pad": "SAME_LOWER",
+                                              "count_include_pad": 1}, tag="same_lower_strided_counting_pads")
+row("MaxPool", {"x": distinct(2, 2, 5, 7)}, {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+    tag="same_upper_strided")
+row("MaxPool", {"x": distinct(1, 2, 6, 6)}, {"kernel_shape": [2, 2], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+    tag="same_upper_windows_apart")
 row("AveragePool", {"x": randn(2, 2, 5, 6)}, {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
     torch=lambda x: F().avg_pool2d(x, 3, 2, padding=1, count_include_pad=False))
 row("AveragePool", {"x": randn(2, 2, 5, 6)}, {"kernel_shape": [2, 3], "count_include_pad": 1, "pads": [1, 1, 1, 1]},

@@ -283,6 +283,9 @@ def test_onert_raw_files_and_one_hot_labels(tmp_path):
     ds = read_any(str(tmp_path / "input.bin"), labels=str(tmp_path / "expected.bin"), shape=(1, 4, 4))
     np.testing.assert_array_equal(ds.x, x)
     assert ds.y.dtype == np.int64 and ds.y.tolist() == classes.tolist()
+    kept = read_any(str(tmp_path / "input.bin"), labels=str(tmp_path / "expected.bin"), shape=(1, 4, 4),
+                    keep_one_hot=True)   # targets of an MSE loss, as ONE's MNIST how-to trains
+    np.testing.assert_array_equal(kept.y, np.eye(3, dtype=np.float32)[classes])
     with pytest.raises(DatasetError, match="--shape"):
         read_any(str(tmp_path / "input.bin"), labels=str(tmp_path / "expected.bin"))
     with pytest.raises(DatasetError, match="not a whole number of examples"):

@@ -17,7 +17,7 @@ def test_cli_errors_are_one_line(model_path, tmp_path):
     onnx_model = tmp_path / "mlp.onnx"
     assert run_cli("import", model_path("mlp.tflite"), "-o", onnx_model).returncode == 0
     assert_one_line_error(run_cli("generate", onnx_model, "-o", tmp_path / "art", "--loss", "mse",
-                                  "--trainable-ops", "1", "--requires-grad", "x"), "give one of them")
+                                  "--trainable-ops", "1", "--requires-grad", "x"), "requires_grad", "'x'")
 
 
 def test_import_without_the_schema_package_says_what_to_install(model_path, tmp_path):

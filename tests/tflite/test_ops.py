@@ -78,6 +78,11 @@ def row_fully_connected_keep_num_dims(g):
                 "FullyConnectedOptions", keepNumDims=True)
 
 
+def row_fully_connected_keep_num_dims_relu(g):  # Keras Dense(units, activation="relu") on a sequence
+    return g.op("FULLY_CONNECTED", [g.input("x", [1, 3, 5]), g.const("fc_w", w(4, 5)), g.const("fc_b", w(4))], "y",
+                [1, 3, 4], "FullyConnectedOptions", keepNumDims=True, fusedActivationFunction=RELU)
+
+
 def row_fully_connected_on_1x1_image(g):
     x = conv(g, g.input("x", [1, 3, 3, 2]), 6, 2, (1, 1), padding=VALID)
     return g.op("FULLY_CONNECTED", [x, g.const("fc_w", w(4, 6)), g.const("fc_b", w(4))], "y", [1, 4],

@@ -145,6 +145,16 @@ def test_python_generated_artifacts_carry_the_source_and_count_tflite_operators(
     assert out.read_bytes() == model_path("mlp.tflite").read_bytes()  # untrained: the same file
 
 
+def test_trainable_ops_and_requires_grad_together_train_what_both_select(model_path, tmp_path):
+    onnx_model = import_model(model_path("mlp.tflite"), tmp_path / "model.onnx")
+    last_two = SourceRecord.from_model(onnx_model).trainable_weights(2)
+    paths = artifacts.generate_artifacts(str(tmp_path / "model.onnx"), trainable_ops=2, requires_grad=last_two[:1],
+                                         artifact_directory=tmp_path / "art", loss=artifacts.LossType.MSELoss,
+                                         optimizer=blocks.SGD())
+    state = CheckpointState.load_checkpoint(paths["checkpoint"])
+    assert len(last_two) > 1 and [n for n, p in state.parameters if p.requires_grad] == last_two[:1]
+
+
 def test_lora_adapters_are_merged_into_the_flatbuffer(model_path, tmp_path):
     """A flatbuffer has no place for adapters: the export folds them into the weights they adapt."""
     rng = np.random.default_rng(0)

@@ -196,7 +196,8 @@ def check_loss_inputs(graph: onnx.GraphProto, detached: Detached, loss_inputs: S
         if loss_name == "CrossEntropyLoss" and logits is not None:
             warnings.warn(f"CrossEntropyLoss reads {name!r}, the output of a Softmax: the loss applies its own "
                           f"softmax, so it would train on probabilities as if they were logits; pass "
-                          f"loss_input_names=[{logits!r}] (the Softmax's input)", stacklevel=3)
+                          f"loss_input_names=[{logits!r}] (the Softmax's input; onnxtrain generate --loss-inputs "
+                          f"{logits})", stacklevel=3)
     for name in extras:
         if name in removed:
             raise ValueError(f"additional_output_names: {name!r} is {removed[name]}, which stock-onnxruntime "

@@ -19,6 +19,7 @@ from onnxtrain.artifacts.params import (
     QUANTIZED_OPS,
     QUANTIZING_OPS,
     WEIGHTS_AS_INPUTS,
+    expand_names,
     plan_parameters,
     quantized_away,
 )
@@ -244,7 +245,7 @@ def generate_artifacts(
             [o.name for o in source.model.graph.output], loss_input_names, additional_output_names)
     check_loss_inputs(source.model.graph, source.detached, loss_input_names, additional_output_names or [],
                       source.first_output, type(loss_block).__name__ if loss is not None else "", all_outputs)
-    requires_grad, trainable_ops = _flatbuffer_operators(source.model, requires_grad, trainable_ops)
+    requires_grad, trainable_ops = _flatbuffer_operators(source.model, source.weights, requires_grad, trainable_ops)
     with StagedFiles() as files:  # nothing replaces an existing artifact unless every one was built
         with _blaming_an_invalid_source(model):
             try:  # at the model's own opset, as the peer; some gradients need ops of newer opsets
@@ -296,15 +297,17 @@ def _checkpoint_data(weights: dict, plan) -> CheckpointData:
                           buffers={p: weights[p] for p in plan.buffers})
 
 
-def _flatbuffer_operators(model: onnx.ModelProto, requires_grad, trainable_ops: int):
+def _flatbuffer_operators(model: onnx.ModelProto, weights: dict, requires_grad, trainable_ops: int):
     """(requires_grad, trainable_ops) for ``model``: one imported from .tflite/.circle counts ``trainable_ops``
-    in TFLite operators, as onert_train's --num_of_trainable_ops does, not in ONNX nodes."""
+    in TFLite operators, as onert_train's --num_of_trainable_ops does, not in ONNX nodes; with ``requires_grad``
+    too, the parameters both select train (the named ones the last N operators read), as for an ONNX model."""
     if trainable_ops < 0 or not has_source(model):
         return requires_grad, trainable_ops
-    if requires_grad:
-        raise ValueError("trainable_ops and requires_grad were both given for a model imported from .tflite/.circle;"
-                         " give one of them")
-    return SourceRecord.from_model(model).trainable_weights(trainable_ops), -1
+    selected = SourceRecord.from_model(model).trainable_weights(trainable_ops)
+    if requires_grad is not None:
+        named = set(expand_names(requires_grad, list(weights), "requires_grad", graph=model.graph))
+        selected = [w for w in selected if w in named]
+    return selected, -1
 
 
 def convert_to_ort(model_paths: list[str]) -> None:

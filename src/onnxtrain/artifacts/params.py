@@ -20,7 +20,7 @@ from onnxtrain.artifacts.torch_names import (
 from onnxtrain.ir.passes import ancestors, node_inputs
 from onnxtrain.ir.types import FLOAT_TYPES
 
-__all__ = ["ParameterPlan", "plan_parameters", "batchnorm_buffers"]
+__all__ = ["ParameterPlan", "plan_parameters", "batchnorm_buffers", "expand_names"]
 
 
 @dataclass
@@ -63,7 +63,7 @@ FOLDED_BY_DYNAMO = ("export with optimize=False to train it, or train the folded
                     "(requires_grad=None trains every one)")
 
 
-def _expand(names: Sequence[str] | None, candidates: Sequence[str], what: str, strict: bool = True,
+def expand_names(names: Sequence[str] | None, candidates: Sequence[str], what: str, strict: bool = True,
             graph_inputs: frozenset[str] = frozenset(), graph: onnx.GraphProto | None = None) -> list[str]:
     """Resolve names and shell-style globs against ``candidates``; unknown names are an error (``strict``) or
     are skipped with a warning. ``graph_inputs``: the model's inputs, named in the error; ``graph``: the model,
@@ -133,11 +133,11 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
     """
     names = list(weights)
     float_names = [n for n in names if onnx.helper.np_dtype_to_tensor_dtype(weights[n].dtype) in FLOAT_TYPES]
-    trainable = _expand(requires_grad, names, "requires_grad", graph_inputs=frozenset(i.name for i in graph.input),
+    trainable = expand_names(requires_grad, names, "requires_grad", graph_inputs=frozenset(i.name for i in graph.input),
                         graph=graph)
     # Nothing to freeze is harmless: exporters turn torch buffers (named_buffers(), which users list here) into
     # constants, and the peer ignores such names.
-    frozen = _expand(frozen_params, names, "frozen_params", strict=False, graph=graph)
+    frozen = expand_names(frozen_params, names, "frozen_params", strict=False, graph=graph)
     both = sorted(set(trainable) & set(frozen))
     if both:
         raise ValueError(f"{both[0]!r} is listed both in requires_grad and in frozen_params"

@@ -13,6 +13,8 @@ from onnxtrain.autodiff.shape import scatter_add, shape_of
 from onnxtrain.autodiff.spatial import (
     all_known,
     crop_like,
+    needs_run_time_pads,
+    same_pads_at_run_time,
     spatial_attrs,
     spatial_sizes,
 )
@@ -23,12 +25,14 @@ from onnxtrain.ir.types import np_dtype
 def max_pool(ctx: GradContext):
     """dY goes to the first arg-max of each window (as torch)."""
     x = ctx.x[0]
-    separate = _windows_apart(ctx)
+    # SAME padding over a size known at run time: the faster routes need the pads; the indices do not
+    separate = None if needs_run_time_pads(ctx, list(ctx.attr("kernel_shape"))) else _windows_apart(ctx)
     if separate and ctx.elem_type(x) in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
         # Windows that do not overlap: each index comes up once, so MaxUnpool puts every dY in place
         # (one pass; 2x faster than the ArgMax route on LeNet's pools, the forward's indices included).
         return (ctx.op.MaxUnpool(ctx.dy[0], _max_pool_indices(ctx), ctx.op.Shape(x), **separate),)
-    fast = _max_pool_tiled(ctx)  # onnxruntime has no double MaxUnpool
+    fast = None if separate is None and needs_run_time_pads(ctx, list(ctx.attr("kernel_shape"))) else \
+        _max_pool_tiled(ctx)  # onnxruntime has no double MaxUnpool
     if fast is not None:
         return (fast,)
     # General windows (overlapping, padded): scatter-add dY at the flat indices MaxPool reports.
@@ -88,6 +92,8 @@ def average_pool(ctx: GradContext):
     """Spread each dY over its window: a depthwise ConvTranspose with a ones kernel, divided by the count."""
     x = ctx.x[0]
     kernel = list(ctx.attr("kernel_shape"))
+    if needs_run_time_pads(ctx, kernel):
+        return (_average_pool_padded_at_run_time(ctx, kernel),)
     strides, dilations, pads = spatial_attrs(ctx, kernel)
     dy = ctx.dy[0]
     if not ctx.attr("ceil_mode", 0) and (ctx.attr("count_include_pad", 0) or not any(pads)):
@@ -95,6 +101,24 @@ def average_pool(ctx: GradContext):
     else:   # windows at the border (or past it, with ceil_mode) have their own divisor
         dy = ctx.op.Mul(dy, _inverse_divisor(ctx, kernel, strides, dilations, pads))
     return (_window_sum_transpose(ctx, dy, kernel, strides, dilations, pads),)
+
+
+def _average_pool_padded_at_run_time(ctx: GradContext, kernel: list[int]) -> str:
+    """SAME padding with a stride over a size known only at run time (TFLite's SAME pools on a dynamic image
+    size): the pool is that of X padded at run time with zeros, without padding of its own, each window divided
+    by the kernel's size or by the elements of X it covers; dX is the padded input's gradient, cropped."""
+    op, b, x = ctx.op, ctx.b, ctx.x[0]
+    n = len(kernel)
+    strides, dilations = list(ctx.attr("strides") or [1] * n), list(ctx.attr("dilations") or [1] * n)
+    pads = same_pads_at_run_time(ctx, kernel)
+    if ctx.attr("count_include_pad", 0):
+        dy = op.Div(ctx.dy[0], ctx.const_like(float(np.prod(kernel)), x))
+    else:
+        ones = b.full(op.Concat(b.ints([1, 1]), shape_of(b, x, 2, 2 + n), axis=0), 1, ctx.elem_type(x))
+        window = b.const(np.ones((1, 1, *kernel), dtype=np_dtype(ctx.elem_type(x))))
+        dy = op.Div(ctx.dy[0], op.Conv(op.Pad(ones, pads), window, strides=strides, dilations=dilations))
+    g = _window_sum_transpose(ctx, dy, kernel, strides, dilations, [0] * (2 * n), like=op.Pad(x, pads))
+    return op.Pad(g, op.Neg(pads))
 
 
 def _inverse_divisor(ctx: GradContext, kernel: list[int], strides, dilations, pads) -> str:
@@ -127,22 +151,24 @@ def _inverse_divisor(ctx: GradContext, kernel: list[int], strides, dilations, pa
     return op.Div(averaged, inside)
 
 
-def _window_sum_transpose(ctx: GradContext, g: str, kernel: list[int], strides, dilations, pads) -> str:
+def _window_sum_transpose(ctx: GradContext, g: str, kernel: list[int], strides, dilations, pads,
+                          like: str | None = None) -> str:
     """The transpose of summing each pooling window: every input element receives the sum of ``g`` over
     the windows it lies in. A depthwise ConvTranspose with a ones kernel, plus output_padding for the
     rows/cols the stride skipped. With a channel count known only at run time, the channels move into the
-    batch axis and one single-channel ConvTranspose does the same."""
-    x = ctx.x[0]
+    batch axis and one single-channel ConvTranspose does the same. ``like``: the pooled input, when it is not
+    the node's own (X padded at run time), whose sizes are then read at run time."""
+    x = like or ctx.x[0]
     op, b = ctx.op, ctx.b
     n = len(kernel)
-    channels = ctx.shape(x)[1]
-    dtype = np_dtype(ctx.elem_type(x))
+    channels = ctx.shape(ctx.x[0])[1]
+    dtype = np_dtype(ctx.elem_type(ctx.x[0]))
     if isinstance(channels, int):
         ones, group = b.const(np.ones((channels, 1, *kernel), dtype=dtype)), channels
     else:
         ones, group = b.const(np.ones((1, 1, *kernel), dtype=dtype)), 1
         g = op.Reshape(g, b.ints([-1, 1, *[0] * n]))                               # (N*C, 1, out...)
-    in_size, out_size = spatial_sizes(ctx, x), spatial_sizes(ctx, ctx.y[0])
+    in_size, out_size = (spatial_sizes(ctx, x), spatial_sizes(ctx, ctx.y[0])) if like is None else ([None], [None])
     if all_known(in_size, out_size):
         output_padding = [in_size[i] + pads[i] + pads[i + n] - ((out_size[i] - 1) * strides[i]
                           + (kernel[i] - 1) * dilations[i] + 1) for i in range(n)]

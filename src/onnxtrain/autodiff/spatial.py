@@ -28,7 +28,7 @@ def spatial_attrs(ctx: GradContext, kernel: list[int]):
                 raise UnsupportedOpError(
                     f"{ctx.node.op_type} node {ctx.node.name!r}: auto_pad={auto_pad} with stride {s} pads by an "
                     f"amount that depends on the input size, which is dynamic here ({ctx.shape(ctx.x[0])}). - help: "
-                    f"export with explicit pads (torch does), or with a static size for that axis")
+                    f"export or convert the model with explicit pads, or with a static size for that axis")
             # With stride 1 the total padding is (k - 1) d whatever the size.
             total = (k - 1) * d if size is None else max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
             small, big = total // 2, total - total // 2

@@ -43,7 +43,8 @@ def add_parser(sub) -> None:
                    "--labels and --shape), or a folder of class sub-folders")
     p.add_argument("-o", "--output", required=True, metavar="OUT.npz", help="the dataset file to write")
     p.add_argument("--labels", metavar="LABELS.npy", help="the labels, for an .npy INPUT (a raw .bin for a .bin "
-                   "INPUT: onert's expected outputs; one-hot rows become class indices)")
+                   "INPUT: onert's expected outputs; one-hot rows become class indices, or stay one-hot float32 "
+                   "targets with --label-dtype float32, for an MSE loss)")
     p.add_argument("--x-key", default="x", help="array name of the inputs in an .npz INPUT (default x)")
     p.add_argument("--y-key", default="y", help="array name of the labels in an .npz INPUT (default y)")
     p.add_argument("--label-column", default="-1", help="CSV label column: a header name or an index (default -1, "
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     header = {"auto": None, "yes": True, "no": False}[args.header]
     ds = read_any(args.input, labels=args.labels, x_key=args.x_key, y_key=args.y_key,
                   label_column=args.label_column, delimiter=args.delimiter, header=header,
-                  image_size=args.image_size, color=args.color, shape=args.shape)
+                  image_size=args.image_size, color=args.color, shape=args.shape,
+                  keep_one_hot=args.label_dtype == "float32")
     ds.validate(args.input)
     try:
         dtype = np.dtype(args.dtype)

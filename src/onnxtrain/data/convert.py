@@ -209,10 +209,11 @@ def read_image_folder(path: str, size: tuple[int, int] | None = None, color: str
 RAW_EXTENSIONS = (".bin", ".raw", ".dat")
 
 
-def read_raw(path: str, labels: str | None, shape: Sequence[int] | None) -> Dataset:
+def read_raw(path: str, labels: str | None, shape: Sequence[int] | None, keep_one_hot: bool = False) -> Dataset:
     """ONERT's raw data files (``onert_train --load_input:raw``, as ``generate_datafile`` writes them): the
     examples' float32 values one after the other, ``shape`` per example, and the expected outputs likewise. One-hot
-    expected outputs (onert's cross-entropy takes them) become class indices."""
+    expected outputs (onert's cross-entropy takes them) become class indices, unless ``keep_one_hot`` (targets of
+    a mean squared error, as ONE's MNIST how-to trains)."""
     if labels is None:
         raise DatasetError(f"{path} holds the inputs only; give the expected outputs with --labels EXPECTED.bin")
     if not shape:
@@ -231,7 +232,7 @@ def read_raw(path: str, labels: str | None, shape: Sequence[int] | None) -> Data
     y = y.reshape(len(x), -1)
     if y.shape[1] == 1:
         y = y[:, 0]
-    elif np.all((y == 0) | (y == 1)) and np.all(y.sum(axis=1) == 1):
+    elif not keep_one_hot and np.all((y == 0) | (y == 1)) and np.all(y.sum(axis=1) == 1):
         y = np.argmax(y, axis=1).astype(np.int64)  # one-hot -> class indices
     return Dataset(x, y)
 
@@ -239,9 +240,9 @@ def read_raw(path: str, labels: str | None, shape: Sequence[int] | None) -> Data
 def read_any(path: str, *, labels: str | None = None, x_key: str = "x", y_key: str = "y",
              label_column: str | int = -1, delimiter: str | None = None, header: bool | None = None,
              image_size: tuple[int, int] | None = None, color: str = "auto",
-             shape: Sequence[int] | None = None) -> Dataset:
+             shape: Sequence[int] | None = None, keep_one_hot: bool = False) -> Dataset:
     """Pick the reader from ``path``: a folder of images, .npz, .npy, CSV (.csv, .tsv, .txt), or ONERT's raw
-    float32 files (.bin, .raw, .dat; ``shape`` per example)."""
+    float32 files (.bin, .raw, .dat; ``shape`` per example; ``keep_one_hot``: see :func:`read_raw`)."""
     if not os.path.exists(path):
         raise DatasetError(f"file not found: {path}")
     if os.path.isdir(path):
@@ -254,7 +255,7 @@ def read_any(path: str, *, labels: str | None = None, x_key: str = "x", y_key: s
     if ext in (".csv", ".tsv", ".txt"):
         return read_csv(path, label_column, "\t" if ext == ".tsv" and delimiter is None else delimiter, header)
     if ext in RAW_EXTENSIONS:
-        return read_raw(path, labels, shape)
+        return read_raw(path, labels, shape, keep_one_hot)
     raise DatasetError(f"{path}: unknown file type {ext or '(no extension)'!r}; onnxtrain data reads .npy "
                        "(with --labels), .npz, .csv/.tsv/.txt, ONERT's raw float32 .bin files (with --labels and "
                        "--shape), or a folder of images with one sub-folder per class")

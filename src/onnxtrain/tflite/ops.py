@@ -38,23 +38,33 @@ def converts(*codes: str) -> Callable[[Converter], Converter]:
 def _emit(ctx: ImportContext, op: FlatOperator, op_type: str, inputs: list[str | None], layout: str = "nhwc",
           **attrs) -> None:
     """Emit ``op_type`` and the op's fused activation; the last node writes the op's output."""
-    fused = getattr(op.options, "FusedActivationFunction", lambda: 0)()
-    b = ctx.builder
-    if fused == 0:
-        b.node(op_type, inputs, [ctx.output(op, 0, layout)], **attrs)
+    out = ctx.output(op, 0, layout)
+    if _fused_activation(ctx, op) == 0:
+        ctx.builder.node(op_type, inputs, [out], **attrs)
         return
-    if fused not in (1, 2, 3, 4):
+    _activate(ctx, op, ctx.builder.node(op_type, inputs, **attrs), out)
+
+
+def _fused_activation(ctx: ImportContext, op: FlatOperator) -> int:
+    fused = getattr(op.options, "FusedActivationFunction", lambda: 0)()
+    if fused not in (0, 1, 2, 3, 4):
         raise ctx.fail(op, f"fused activation {_ACTIVATIONS.get(fused, fused)} is not supported (supported: NONE, "
                            f"RELU, RELU_N1_TO_1, RELU6, TANH)")
-    x = b.node(op_type, inputs, **attrs)
-    out = ctx.output(op, 0, layout)
+    return fused
+
+
+def _activate(ctx: ImportContext, op: FlatOperator, x: str, out: str | None = None) -> str:
+    """The op's fused activation of ``x`` (written to ``out`` if given); ``x`` itself when it has none."""
+    fused, b = _fused_activation(ctx, op), ctx.builder
+    outputs = [out] if out is not None else 1
+    if fused == 0:
+        return x if out is None else b.node("Identity", [x], outputs)
     if fused == 1:
-        b.node("Relu", [x], [out])
-    elif fused in (2, 3):
+        return b.node("Relu", [x], outputs)
+    if fused in (2, 3):
         lo, hi = (-1.0, 1.0) if fused == 2 else (0.0, 6.0)
-        b.node("Clip", [x, b.const(np.float32(lo)), b.const(np.float32(hi))], [out])
-    else:
-        b.node("Tanh", [x], [out])
+        return b.node("Clip", [x, b.const(np.float32(lo)), b.const(np.float32(hi))], outputs)
+    return b.node("Tanh", [x], outputs)
 
 
 def _same_pads(size: int, kernel: int, stride: int, dilation: int) -> tuple[int, int]:
@@ -139,9 +149,7 @@ def fully_connected(ctx: ImportContext, op: FlatOperator) -> None:
         x = b.op.Reshape(x, b.ints([-1, depth]))
     bias = ctx.nhwc(op.inputs[2]) if len(op.inputs) > 2 and op.inputs[2] >= 0 else None
     if o is not None and o.KeepNumDims() and len(x_t.signature) != 2:
-        if getattr(o, "FusedActivationFunction", lambda: 0)():
-            raise ctx.fail(op, "keep_num_dims with a fused activation is not supported")
-        y = b.op.Gemm(x, ctx.nhwc(op.inputs[1]), bias, transB=1)
+        y = _activate(ctx, op, b.op.Gemm(x, ctx.nhwc(op.inputs[1]), bias, transB=1))  # elementwise: before the view
         lead = b.op.Slice(b.op.Shape(ctx.nhwc(op.inputs[0])), b.ints([0]), b.ints([-1]))
         b.node("Reshape", [y, b.op.Concat(lead, b.ints([units]), axis=0)], [ctx.output(op)])
         return
