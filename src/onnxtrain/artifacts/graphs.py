@@ -103,7 +103,7 @@ def _add_loss(fwd_model: onnx.ModelProto, infos: dict[str, TensorInfo], loss: Bl
     ``onnxblock.base(model)``: an onnxblock loss reads and edits ``self.base`` (this model), onnxtrain blocks build
     on the values they are given. The block returns the loss, or a tuple ``(loss, *outputs)`` whose other values
     the steps return after the loss."""
-    from onnxtrain.onnxblock.model_accessor import building_on, check_defined
+    from onnxtrain.blocks.model_accessor import building_on, check_defined
 
     graph = fwd_model.graph
     counts = len(graph.node), len(graph.initializer), len(graph.input)

@@ -21,8 +21,8 @@ import onnx
 
 from onnxtrain.blocks import base as _base
 from onnxtrain.blocks import ops as _ops
+from onnxtrain.blocks.model_accessor import _ACCESSORS, _BLOCKS, current_accessor
 from onnxtrain.ir.types import np_dtype
-from onnxtrain.onnxblock.model_accessor import _ACCESSORS, _BLOCKS, current_accessor
 
 __all__ = ["Block", "Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Exp", "Log", "Sqrt", "Sigmoid", "Relu",
            "ReduceMean", "ReduceSum", "Clip", "Constant", "Cast", "Linear", "LabelEncoder", "PassThrough",

@@ -12,8 +12,8 @@ import copy
 import onnx
 from onnx import numpy_helper
 
+from onnxtrain.blocks.model_accessor import _BLOCKS, ModelAccessor, current_accessor
 from onnxtrain.onnxblock.blocks import Block
-from onnxtrain.onnxblock.model_accessor import _BLOCKS, ModelAccessor, current_accessor
 
 __all__ = ["ForwardBlock", "TrainingBlock"]
 
