@@ -33,3 +33,32 @@ def test_no_warning_when_every_parameter_reaches_the_loss(tmp_path):
         warnings.simplefilter("error")
         artifacts.generate_artifacts(_two_heads(), requires_grad=["W"], loss=artifacts.LossType.MSELoss,
                                      optimizer=artifacts.OptimType.AdamW, artifact_directory=tmp_path)
+
+
+def _scaled(scale_name: str, bias: np.ndarray):
+    """out = (x W + b) * s, then (out W2 + b): s a 0-d initializer, b read as the bias of two Gemms."""
+    weights = [numpy_helper.from_array(np.full((4, 4), 0.5, np.float32), "W"),
+               numpy_helper.from_array(np.arange(16, dtype=np.float32).reshape(4, 4), "W2"),
+               numpy_helper.from_array(bias, "b"), numpy_helper.from_array(np.array(2.0, np.float32), scale_name)]
+    nodes = [helper.make_node("Gemm", ["x", "W", "b"], ["h"]), helper.make_node("Mul", ["h", scale_name], ["s"]),
+             helper.make_node("Gemm", ["s", "W2", "b"], ["out"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", 4])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_named_scalar_left_constant_and_a_merged_bias_are_warned_about(tmp_path):
+    with pytest.warns(UserWarning) as caught:
+        artifacts.generate_artifacts(_scaled("temperature", np.zeros(4, np.float32)), loss=artifacts.LossType.MSELoss,
+                                     optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path)
+    messages = " ".join(str(w.message) for w in caught)
+    assert "leaves 1 0-d initializers as constants (e.g. ['temperature'])" in messages
+    assert "equal elements are each read as the scale or bias of several layers (e.g. 'b', all 0.0, by 2" in messages
+
+
+def test_an_exporters_scalar_and_distinct_shared_values_are_not_warned_about(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        artifacts.generate_artifacts(_scaled("onnx::Mul_7", np.arange(4, dtype=np.float32)),
+                                     loss=artifacts.LossType.MSELoss, optimizer=artifacts.OptimType.SGD,
+                                     artifact_directory=tmp_path)

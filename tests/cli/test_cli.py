@@ -380,9 +380,13 @@ def test_a_dataset_named_after_the_model_inputs_is_read(workdir, arts, tmp_path)
     np.savez(tmp_path / "named.npz", **{data_input: train["x"], label_input: train["y"]})
     proc = run_cli("eval", arts, "--data", tmp_path / "named.npz")
     assert proc.returncode == 0, proc.stderr
+    np.savez(tmp_path / "named_y.npz", **{data_input: train["x"], "y": train["y"]})  # as with several inputs
+    proc = run_cli("eval", arts, "--data", tmp_path / "named_y.npz")
+    assert proc.returncode == 0, proc.stderr
     np.savez(tmp_path / "other.npz", pixels=train["x"], digits=train["y"])
     assert_one_line_error(run_cli("eval", arts, "--data", tmp_path / "other.npz"), "no array 'x'",
-                          f"or arrays named after the model's inputs ({data_input!r}, {label_input!r})")
+                          f"or the input named after the model's ({data_input!r}) and the labels as 'y' or "
+                          f"{label_input!r}")
 
 
 def _two_input_model() -> onnx.ModelProto:

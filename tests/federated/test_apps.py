@@ -185,3 +185,19 @@ def test_a_bad_buffer_is_refused_by_name(bn_artifacts):
     del initial["bn.running_mean"]
     with pytest.raises(UpdateRejected, match=r"missing \['bn.running_mean'\]"):
         spec.check(initial)
+
+
+def test_every_documented_run_config_key_can_be_set_in_the_app_pyproject():
+    """Flower refuses a --run-config override of a key the app's pyproject does not list."""
+    import re
+    from pathlib import Path
+
+    from onnxtrain.federated.app import app_pyproject
+
+    table = Path(__file__).parents[2].joinpath("docs", "federated.md").read_text()
+    documented = {k for row in re.findall(r"^\| (`[^|]*`) \| run", table, re.M) for k in re.findall(r"`([^`]+)`", row)}
+    text = app_pyproject(round_timeout=60.0, alpha=0.3, seed=1)
+    assert "round-timeout" in documented and {"alpha", "seed"} <= documented
+    for key in documented:
+        assert re.search(rf"^{re.escape(key)} = ", text, re.M), key
+    assert "round-timeout = 60.0" in text and "alpha = 0.3" in text and "seed = 1" in text

@@ -96,6 +96,12 @@ def test_a_block_reading_a_name_the_model_does_not_have_is_a_clear_error():
         _build(lambda: B.Neg()("outptu"))
 
 
+def test_a_loss_block_reading_a_misspelt_output_names_itself_and_the_value():
+    """The innermost block that read the name, as the README says; a close match is offered."""
+    with pytest.raises(ValueError, match=r"block CrossEntropyLoss: unknown value 'outptu'.*did you mean 'output'"):
+        _build(lambda: onnxblock.loss.CrossEntropyLoss()("outptu"))
+
+
 def test_an_undefined_label_encoder_input_is_an_error_not_a_crash():
     """ONNX's shape inference crashed the process (SIGSEGV) on an ai.onnx.ml LabelEncoder reading an undeclared
     input, the next block inferring types (CrossEntropyLoss): run apart so that a crash fails only this test."""

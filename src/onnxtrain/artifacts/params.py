@@ -171,6 +171,9 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
             trainable = [n for n in float_names if n not in frozen and n not in buffers and n not in statistics
                          and weights[n].ndim > 0 and n not in settings and not _is_known_buffer(n)
                          and n not in torch_buffers]
+            _warn_scalars(graph, weights, [n for n in float_names if weights[n].ndim == 0 and n not in frozen
+                                           and n not in settings and not _is_known_buffer(n)])
+        _warn_merged_constants(graph, weights, trainable)
     if trainable_ops is not None and trainable_ops >= 0:
         if trainable_ops > len(graph.node):
             raise ValueError(f"trainable_ops={trainable_ops} but the model has only {len(graph.node)} nodes")
@@ -233,6 +236,40 @@ def _warn_folded(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> None
                       f"not torch's (loading them back into the torch module by name would not give its model): "
                       f"{listed}{'; ...' if len(folded) > 3 else ''}; export with optimize=False to train torch's "
                       "parameters as they are", stacklevel=3)
+
+
+def _warn_scalars(graph: onnx.GraphProto, weights: dict[str, np.ndarray], scalars: list[str]) -> None:
+    """0-d initializers stay constants under ``requires_grad=None`` outside the dynamo exporter's record (which
+    lists 0-d parameters): exporters store their scalar constants so (a GELU's 0.5, an attention scale), and
+    nothing tells a scalar parameter (CLIP's ``logit_scale``) from them. Those with a name of their own (not an
+    exporter's ``onnx::Mul_12`` or ``/attn/Constant_output_0``) are named, so that a parameter is not missed."""
+    named = [n for n in scalars if not n.startswith(("onnx::", "/")) and "Constant" not in n]
+    if named:
+        warnings.warn(f"requires_grad=None leaves {len(named)} 0-d initializers as constants (e.g. {named[:3]}): "
+                      "scalars are mostly an exporter's constants; name a scalar parameter (a temperature, CLIP's "
+                      "logit_scale) in requires_grad to train it", stacklevel=3)
+
+
+def _warn_merged_constants(graph: onnx.GraphProto, weights: dict[str, np.ndarray], trainable: list[str]) -> None:
+    """A trainable tensor of equal elements read as the scale or bias of several normalizations or as the bias of
+    several layers: a tool that stores equal tensors once (onnxruntime's optimizer, ``optimized_model_filepath``,
+    on a freshly initialized model: all LayerNorm weights are ones, all biases zeros) merged parameters that torch
+    keeps apart, and they would train as one."""
+    roles = {"LayerNormalization": (1, 2), "BatchNormalization": (1, 2), "InstanceNormalization": (1, 2),
+             "GroupNormalization": (1, 2), "Gemm": (2,), "Conv": (2,), "ConvTranspose": (2,), "Add": (0, 1)}
+    readers: dict[str, int] = {}
+    for node in graph.node:
+        for i in roles.get(node.op_type, ()):
+            if i < len(node.input) and node.input[i] in weights:
+                readers[node.input[i]] = readers.get(node.input[i], 0) + 1
+    merged = [n for n in trainable if readers.get(n, 0) > 1 and weights[n].size > 1
+              and np.all(weights[n] == weights[n].flat[0])]
+    if merged:
+        warnings.warn(f"{len(merged)} trainable tensors of equal elements are each read as the scale or bias of "
+                      f"several layers (e.g. {merged[0]!r}, all {weights[merged[0]].flat[0]}, by "
+                      f"{readers[merged[0]]} nodes): a tool that stores equal tensors once (onnxruntime's graph "
+                      "optimizer on a freshly initialized model) merged parameters, which would train as one; "
+                      "save the model before optimizing it", stacklevel=3)
 
 
 def _is_known_buffer(name: str) -> bool:

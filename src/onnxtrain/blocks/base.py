@@ -17,6 +17,7 @@ custom loss is a few lines::
 from __future__ import annotations
 
 import contextlib
+import difflib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -26,7 +27,13 @@ from onnx import helper
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.types import TensorInfo
 
-__all__ = ["Block", "BuildContext", "Value", "context_of"]
+__all__ = ["Block", "BuildContext", "Value", "context_of", "UnknownValueError"]
+
+
+class UnknownValueError(ValueError):
+    """A block read a value name the graph being built does not have; ``block``: the block that read it."""
+
+    block: str | None = None
 
 
 @dataclass
@@ -71,8 +78,10 @@ class BuildContext:
             self.infos.update(self.reinfer(self))
             info = self.infos.get(name)
         if info is None:
-            raise ValueError(f"unknown value {name!r}: it is neither an output of the model nor a value a block "
-                             f"created (known outputs include {sorted(self.infos)[:8]}...)")
+            close = difflib.get_close_matches(name, list(self.infos), n=3)
+            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise UnknownValueError(f"unknown value {name!r}: it is neither a value of the model nor one a block "
+                                    f"created{hint}")
         return info
 
 
@@ -128,7 +137,13 @@ class Block:
                             "built; call blocks on the values generate_artifacts passes to the loss (or on the "
                             "outputs of other blocks), or on ctx.value(name) for a BuildContext ctx")
         with self._building_into(ctx):
-            return ctx.wrap(self.build(*args, **kwargs))
+            try:
+                return ctx.wrap(self.build(*args, **kwargs))
+            except UnknownValueError as exc:
+                if exc.block is None:   # named after the innermost block, the one that read the value
+                    exc.block = type(self).__name__
+                    exc.args = (f"block {exc.block}: {exc.args[0]}",)
+                raise
 
     @contextlib.contextmanager
     def _building_into(self, ctx: BuildContext) -> Iterator[None]:

@@ -153,13 +153,14 @@ def _read(path: str, arrays) -> Dataset:
 def _xy_arrays(path: str, npz, keys: list[str], input_names: tuple[str, str] | None):
     """``x`` and ``y``, or the arrays named after the model's data and label inputs."""
     x_name, y_name = "x", "y"
-    if input_names and not {"x", "y"} <= set(keys) and set(input_names) <= set(keys):
-        x_name, y_name = input_names
+    if input_names and "x" not in keys and input_names[0] in keys:
+        # the input by its name, the labels as 'y' or by theirs (as for a model with several inputs)
+        x_name, y_name = input_names[0], "y" if "y" in keys else input_names[1]
     missing = [k for k in (x_name, y_name) if k not in keys]
     if missing:
         x_key, y_key = _guess_keys(keys)
-        named = (f", or arrays named after the model's inputs ({input_names[0]!r}, {input_names[1]!r})"
-                 if input_names else "")
+        named = (f", or the input named after the model's ({input_names[0]!r}) and the labels as 'y' or "
+                 f"{input_names[1]!r}" if input_names else "")
         raise DatasetError(f"{path} has no array {missing[0]!r} (its arrays: {keys}); an onnxtrain dataset "
                            f"holds arrays 'x' (inputs) and 'y' (labels){named}: convert it with "
                            f"`onnxtrain data {path} -o {_converted_name(path)} --x-key {x_key} "
