@@ -101,7 +101,10 @@ export class Module {
   lazyResetGrad(): void;
   /** The user inputs of the training graph (`training`, default: the current mode) or the eval graph. */
   inputNames(training?: boolean): string[];
-  outputNames(): string[];
+  /** The outputs a step returns in training (`training`, default: the current mode) or eval mode. */
+  outputNames(training?: boolean): string[];
+  /** Whether the Module was created with an eval model. */
+  readonly hasEvalModel: boolean;
   trainStep(feeds: Feeds, runOptions?: object): Promise<Outputs>;
   evalStep(feeds: Feeds, runOptions?: object): Promise<Outputs>;
   getParametersSize(trainableOnly?: boolean): number;

@@ -73,7 +73,7 @@ export class TrainingSession {
   /** Evaluate one batch with the eval model and the current parameters (fetches and options as runTrainStep). */
   async runEvalStep(feeds, fetchesOrOptions = undefined, options = undefined) {
     return this.#serial(async () => {
-      if (!this.module._eval) throw new Error('this TrainingSession has no eval model: pass evalModel to create() to evaluate');
+      if (!this.module.hasEvalModel) throw new Error('this TrainingSession has no eval model: pass evalModel to create() to evaluate');
       const [fetches, runOptions] = runStepArguments(feeds, this.evalOutputNames, fetchesOrOptions, options);
       return selectOutputs(await this.module.evalStep(feeds, runOptions), fetches);
     });
@@ -135,15 +135,15 @@ export class TrainingSession {
   }
 
   get trainingOutputNames() {
-    return [this.module._train.outputNames[0], ...this.module.meta.additional_outputs];
+    return this.module.outputNames(true);
   }
 
   get evalInputNames() {
-    return this.module._eval ? this.module.inputNames(false) : [];
+    return this.module.hasEvalModel ? this.module.inputNames(false) : [];
   }
 
   get evalOutputNames() {
-    return this.module._eval ? [...this.module._eval.outputNames] : [];
+    return this.module.outputNames(false);
   }
 
   /** Release the sessions once the calls made before have run; later calls throw; a second release is a no-op. */

@@ -124,10 +124,15 @@ export class Module {
     return this._inputs[training ? 'train' : 'eval'].map((m) => m.name);
   }
 
-  /** The outputs a step returns: the loss, then the additional outputs. */
-  outputNames() {
-    if (this.training) return [this._train.outputNames[0], ...this.meta.additional_outputs];
+  /** The outputs a step returns in training (`training`: the loss, then the additional outputs) or eval mode. */
+  outputNames(training = this.training) {
+    if (training) return [this._train.outputNames[0], ...this.meta.additional_outputs];
     return this._eval ? [...this._eval.outputNames] : [];
+  }
+
+  /** Whether the Module was created with an eval model. */
+  get hasEvalModel() {
+    return Boolean(this._eval);
   }
 
   /**
