@@ -22,8 +22,8 @@ from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.passes import default_opset, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
-__all__ = ["ModelAccessor", "base", "empty_base", "current_accessor", "custom_op_library", "building_on",
-           "undefined_reads"]
+__all__ = ["ModelAccessor", "base", "empty_base", "current_accessor", "innermost_accessor", "calling",
+           "custom_op_library", "building_on", "undefined_reads"]
 
 _ACCESSORS: list[ModelAccessor] = []
 _BLOCKS: list[object] = []  # the onnxblock blocks being called, innermost last (named in errors)
@@ -167,6 +167,21 @@ class ModelAccessor:
             if init.name == name:
                 return helper.make_tensor_value_info(name, init.data_type, list(init.dims))
         raise LookupError(f"The provided name {name} is not a graph value info or a graph output.")
+
+
+def innermost_accessor() -> ModelAccessor | None:
+    """The accessor of the innermost ``base``/``empty_base``/``building_on`` block, None outside of one."""
+    return _ACCESSORS[-1] if _ACCESSORS else None
+
+
+@contextlib.contextmanager
+def calling(block: object) -> Iterator[None]:
+    """``block`` is being built inside the ``with`` (the innermost one is named in errors)."""
+    _BLOCKS.append(block)
+    try:
+        yield
+    finally:
+        _BLOCKS.pop()
 
 
 def current_accessor() -> ModelAccessor:

@@ -21,7 +21,7 @@ import onnx
 
 from onnxtrain.blocks import base as _base
 from onnxtrain.blocks import ops as _ops
-from onnxtrain.blocks.model_accessor import _ACCESSORS, _BLOCKS, current_accessor
+from onnxtrain.blocks.model_accessor import calling, current_accessor, innermost_accessor
 from onnxtrain.ir.types import np_dtype
 
 __all__ = ["Block", "Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Exp", "Log", "Sqrt", "Sigmoid", "Relu",
@@ -33,7 +33,7 @@ _BUILDING: list[_base.BuildContext] = []  # graphs onnxblock blocks are building
 
 
 def _accessors_active() -> bool:
-    return bool(_ACCESSORS)
+    return innermost_accessor() is not None
 
 
 class Block(_base.Block):
@@ -62,13 +62,10 @@ class Block(_base.Block):
         return current_accessor().infer_shapes()
 
     def __call__(self, *args, **kwargs):
-        accessor = _ACCESSORS[-1] if _ACCESSORS else None
+        accessor = innermost_accessor()
         start = len(accessor.model.graph.node) if accessor is not None else 0
-        _BLOCKS.append(self)
-        try:
+        with calling(self):
             output = super().__call__(*args, **kwargs)
-        finally:
-            _BLOCKS.pop()
         if accessor is not None:
             accessor.check_block(self, start)
         return output

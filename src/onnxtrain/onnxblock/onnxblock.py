@@ -12,7 +12,7 @@ import copy
 import onnx
 from onnx import numpy_helper
 
-from onnxtrain.blocks.model_accessor import _BLOCKS, ModelAccessor, current_accessor
+from onnxtrain.blocks.model_accessor import ModelAccessor, calling, current_accessor
 from onnxtrain.onnxblock.blocks import Block
 
 __all__ = ["ForwardBlock", "TrainingBlock"]
@@ -21,11 +21,8 @@ __all__ = ["ForwardBlock", "TrainingBlock"]
 def _built(block: Block, accessor: ModelAccessor, args, kwargs):
     """``block.build(*args, **kwargs)``, its nodes checked as every block's (:meth:`Block.__call__`)."""
     start = len(accessor.model.graph.node)
-    _BLOCKS.append(block)
-    try:
+    with calling(block):
         output = block.build(*args, **kwargs)
-    finally:
-        _BLOCKS.pop()
     accessor.check_block(block, start)
     return output
 
