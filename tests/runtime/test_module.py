@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -552,3 +554,26 @@ def test_a_skipped_step_leaves_the_running_statistics_as_they_were(tmp_path, rng
         np.testing.assert_array_equal(state.buffers[name], before[name], err_msg=name)
     module(x, y)   # the next finite batch updates them again
     assert not np.array_equal(state.buffers["bn.running_mean"], before["bn.running_mean"])
+
+
+def test_an_export_over_the_protobuf_limit_writes_its_weights_beside_it_once(mlp_dir, tmp_path, monkeypatch, rng):
+    """Over 2 GB the weights go to PATH.data, written from the arrays (no TensorProto copies); exporting again
+    replaces the file instead of appending a second copy to it (onnx.save_model appends)."""
+    import onnxruntime as ort
+
+    from onnxtrain.runtime import export
+
+    state, module = load(mlp_dir)
+    module.export_model_for_inferencing(tmp_path / "small.onnx", ["output"])
+    monkeypatch.setattr(export, "PROTO_LIMIT", (64 << 20) + 100)   # this MLP's weights are "over" it
+    big = tmp_path / "big.onnx"
+    for _ in range(2):
+        module.export_model_for_inferencing(big, ["output"])
+    weights = sum(p.data.nbytes for _, p in state.parameters.items())
+    assert os.path.getsize(str(big) + ".data") == weights
+    onnx.checker.check_model(str(big), full_check=True)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    run = lambda p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]  # noqa: E731
+    np.testing.assert_array_equal(run(big), run(tmp_path / "small.onnx"))
+    with pytest.raises(FileNotFoundError, match="the folder .*missing does not exist"):
+        module.export_model_for_inferencing(tmp_path / "missing" / "m.onnx", ["output"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import logging
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,8 @@ from onnxtrain.artifacts.torch_names import (
 )
 from onnxtrain.ir.passes import ancestors, node_inputs
 from onnxtrain.ir.types import FLOAT_TYPES
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["ParameterPlan", "plan_parameters", "batchnorm_buffers", "expand_names"]
 
@@ -182,7 +185,41 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
         frozen += [n for n in trainable if n not in consumed and n not in frozen]
         trainable = [n for n in trainable if n in consumed]
     frozen = [n for n in frozen if n not in buffers]
+    frozen += _too_large_for_constants(graph, weights, [*trainable, *frozen, *buffers])
     return ParameterPlan(trainable=trainable, frozen=frozen, buffers=buffers)
+
+
+# What the graphs may hold as constants: protobuf serializes no message of 2 GB or more, and the forward model
+# goes through ONNX's shape inference as one message (the graph itself and its small constants need room too).
+CONSTANTS_LIMIT = 1 << 30
+# Past the limit, constants are moved until this much is left: each constant is copied several times while the
+# graphs are built, checked and written (a 3.1 GB GPT-2 with 1 GB of constants left peaked at 13 GB, 116 s).
+CONSTANTS_KEPT = 64 << 20
+
+
+def _too_large_for_constants(graph: onnx.GraphProto, weights: dict[str, np.ndarray], state: list[str]) -> list[str]:
+    """The weights that become frozen parameters (checkpoint state, fed to the graphs) rather than constants
+    inside them, because the constants would not fit in one ONNX message: the largest first, until what is
+    left is small. A model over 2 GB with a few layers trained (``requires_grad``) used to fail in shape
+    inference."""
+    taken = set(state) | _settings(graph) | {x for n in graph.node if n.op_type == "BatchNormalization"
+                                             for x in n.input[3:5]}
+    constants = sorted((n for n, a in weights.items() if n not in taken and a.dtype.kind == "f" and a.ndim > 0),
+                       key=lambda n: weights[n].nbytes, reverse=True)
+    total = sum(weights[n].nbytes for n in weights if n not in state)
+    moved: list[str] = []
+    if total <= CONSTANTS_LIMIT:
+        return moved
+    for name in constants:
+        if total <= CONSTANTS_KEPT:
+            break
+        moved.append(name)
+        total -= weights[name].nbytes
+    if moved:
+        logger.info("%d weights that do not train (%.2f GB, e.g. %r) are frozen parameters rather than constants "
+                    "of the graphs, which could not hold them", len(moved),
+                    sum(weights[n].nbytes for n in moved) / 2**30, moved[0])
+    return moved
 
 
 # torch buffers (not parameters) that exporters write as initializers like any weight, by their conventional

@@ -9,7 +9,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.conventions import TrainingMeta
-from onnxtrain.ir.files import PROTO_LIMIT, atomic_write_bytes
+from onnxtrain.ir.files import PROTO_LIMIT, StagedFiles, atomic_write_bytes
 from onnxtrain.ir.passes import node_inputs, prune_nodes
 from onnxtrain.ir.types import infer_tensor_info
 
@@ -35,15 +35,44 @@ def export_inference_model(eval_model: onnx.ModelProto, meta: TrainingMeta, valu
     # Only the inputs the outputs depend on: a loss written into the forward model (onnxblock) has its target
     # among the user inputs, and the peer's exported model does not ask for it.
     inputs = [i for i in graph.input if i.name in meta.user_inputs and i.name in needed]
-    initializers = [numpy_helper.from_array(values[n], n) for n in values if n in needed]
+    weights = {n: values[n] for n in values if n in needed}
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot export to {path}: the folder {directory} does not exist")
+    external = sum(a.nbytes for a in weights.values()) > PROTO_LIMIT - (64 << 20)
+    data_path = path + ".data"
+    initializers = (_external_tensors(weights, os.path.basename(data_path)) if external
+                    else [numpy_helper.from_array(a, n) for n, a in weights.items()])
     initializers += [i for i in graph.initializer if i.name in needed]
     outputs = [helper.make_tensor_value_info(n, infos[n].elem_type, infos[n].shape) for n in output_names]
     out_graph = helper.make_graph(nodes, "inference", inputs, outputs, initializer=initializers)
     model = helper.make_model(out_graph, opset_imports=list(eval_model.opset_import), producer_name="onnxtrain")
     model.ir_version = eval_model.ir_version
-    path = os.fspath(path)
-    if sum(i.ByteSize() for i in initializers) > PROTO_LIMIT - (64 << 20):
-        onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=os.path.basename(path) + ".data")
+    if not external:
+        atomic_write_bytes(path, model.SerializeToString())
         return
-    atomic_write_bytes(path, model.SerializeToString())
+    # Over protobuf's 2 GB: the weights go to PATH.data, written from the arrays' own memory (no TensorProto
+    # copies of them), replacing any older file; the two files are replaced together.
+    with StagedFiles() as files:
+        files.stage(data_path, [_little_endian(a).data for a in weights.values()])
+        files.stage(path, model.SerializeToString())
+        files.commit()
+
+
+def _little_endian(array: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+
+
+def _external_tensors(weights: dict[str, np.ndarray], location: str) -> list[onnx.TensorProto]:
+    """TensorProtos whose data is in ``location``, the arrays laid one after the other in ``weights``' order."""
+    tensors, offset = [], 0
+    for name, array in weights.items():
+        tensor = onnx.TensorProto(name=name, dims=list(array.shape),
+                                  data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
+                                  data_location=onnx.TensorProto.EXTERNAL)
+        for key, value in (("location", location), ("offset", str(offset)), ("length", str(array.nbytes))):
+            tensor.external_data.add(key=key, value=value)
+        tensors.append(tensor)
+        offset += array.nbytes
+    return tensors

@@ -1,4 +1,4 @@
-"""A trainable parameter the loss does not depend on is named at generation (its gradient is always zero)."""
+"""Which weights train, stay frozen or stay constants, and the warnings that name what a user may not expect."""
 
 from __future__ import annotations
 
@@ -62,3 +62,25 @@ def test_an_exporters_scalar_and_distinct_shared_values_are_not_warned_about(tmp
         artifacts.generate_artifacts(_scaled("onnx::Mul_7", np.arange(4, dtype=np.float32)),
                                      loss=artifacts.LossType.MSELoss, optimizer=artifacts.OptimType.SGD,
                                      artifact_directory=tmp_path)
+
+
+def test_weights_too_large_for_constants_become_frozen_parameters(tmp_path, monkeypatch, rng):
+    """A model over 2 GB with one layer trained: the other weights cannot be constants of one ONNX message."""
+    from onnxtrain.api import CheckpointState, Module
+    from onnxtrain.artifacts import params
+
+    model = _scaled("temperature", np.arange(4, dtype=np.float32))
+    monkeypatch.setattr(params, "CONSTANTS_LIMIT", 70)   # W (64 bytes), b (16), the scale (4): over it
+    monkeypatch.setattr(params, "CONSTANTS_KEPT", 20)    # W moves; b and the scale stay constants
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        artifacts.generate_artifacts(model, requires_grad=["W2"], loss=artifacts.LossType.MSELoss,
+                                     optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path)
+    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    assert [n for n, p in state.parameters.items() if p.requires_grad] == ["W2"]
+    frozen = [n for n, p in state.parameters.items() if not p.requires_grad]
+    assert frozen == ["W"]
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    module = Module(tmp_path / "training_model.onnx", state)
+    expected = ((x @ np.full((4, 4), 0.5) + np.arange(4)) * 2.0) @ np.arange(16).reshape(4, 4) + np.arange(4)
+    assert np.isclose(module(x, expected.astype(np.float32)), 0.0, atol=1e-3)
