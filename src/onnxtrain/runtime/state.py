@@ -231,7 +231,7 @@ class CheckpointState:
     def save_checkpoint(cls, state: CheckpointState, checkpoint_uri: str | os.PathLike,
                         include_optimizer_state: bool = False) -> None:
         """Write ``state`` atomically to ``checkpoint_uri``."""
-        save_checkpoint(state.to_data(include_optimizer_state), checkpoint_uri,
+        save_checkpoint(state.values.to_data(include_optimizer_state, copy=False), checkpoint_uri,
                         include_optimizer_state=include_optimizer_state)
 
     def to_data(self, include_optimizer_state: bool = True) -> CheckpointData:

@@ -263,20 +263,22 @@ class TrainingValues:
                 "buffers": sum(a.nbytes for a in self.buffers.values())}
 
     # -- to a checkpoint -------------------------------------------------------------------------------------
-    def to_data(self, include_optimizer_state: bool = True) -> CheckpointData:
-        """A copy of every value, as written to a checkpoint file."""
+    def to_data(self, include_optimizer_state: bool = True, copy: bool = True) -> CheckpointData:
+        """Every value, as written to a checkpoint file: copies, or (``copy=False``, for a save that is done before
+        anything trains again) views of the live arrays, which a model of several GB cannot afford twice."""
+        own = (lambda a: a.copy()) if copy else (lambda a: a)  # noqa: E731
         optimizer = {}
         if include_optimizer_state:
             optimizer = {p: {} for p in self.params.offsets}
             for state_name, storage in self._optimizer_states.items():
                 for p, view in storage.views().items():
-                    optimizer[p][state_name] = view.copy()
+                    optimizer[p][state_name] = own(view)
             if not self._optimizer_states:
                 optimizer = {p: dict(s) for p, s in self._saved_optimizer.items()}
         return CheckpointData(
-            trainable={n: v.copy() for n, v in self.params.views().items()},
-            frozen={n: v.copy() for n, v in self.frozen.items()},
-            buffers={n: v.copy() for n, v in self.buffers.items()},
+            trainable={n: own(v) for n, v in self.params.views().items()},
+            frozen={n: own(v) for n, v in self.frozen.items()},
+            buffers={n: own(v) for n, v in self.buffers.items()},
             optimizer=optimizer, step=self._step, properties=dict(self.properties))
 
     def __repr__(self) -> str:
