@@ -42,6 +42,29 @@ def _model(trans_a: int = 0) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def test_a_merged_export_over_the_protobuf_limit_replaces_its_weights_file(tmp_path, monkeypatch):
+    """Over 2 GB the merged model's weights go to PATH.data once; a second export replaces them (onnx.save_model
+    appended a second copy, and the merge always wrote over the unmerged export's file)."""
+    import os
+
+    from onnxtrain.runtime import export
+
+    model = _model()
+    _, module, state = _generate(tmp_path, model, LoRA(rank=3, alpha=5, targets=["W*"]))
+    _randomize_b(state)
+    module.export_model_for_inferencing(tmp_path / "small.onnx", ["y"], merge_adapters=True)
+    monkeypatch.setattr(export, "PROTO_LIMIT", (64 << 20) + 16)
+    monkeypatch.setattr(export, "EXTERNAL_MIN_SIZE", 4)   # this model's weights are tiny
+    big = tmp_path / "big.onnx"
+    for _ in range(2):
+        module.export_model_for_inferencing(big, ["y"], merge_adapters=True)
+    outside = [i for i in onnx.load(str(big), load_external_data=False).graph.initializer if i.external_data]
+    assert outside and os.path.getsize(str(big) + ".data") == sum(
+        onnx.numpy_helper.to_array(i, base_dir=str(tmp_path)).nbytes for i in outside)
+    x = RNG.normal(size=(2, 6)).astype(np.float32)
+    np.testing.assert_array_equal(_run(str(big), x), _run(str(tmp_path / "small.onnx"), x))
+
+
 def _generate(tmp_path, model, lora, **kwargs) -> tuple[dict, Module, CheckpointState]:
     paths = generate_artifacts(model, loss=LossType.MSELoss, optimizer=OptimType.AdamW, artifact_directory=tmp_path,
                                additional_output_names=["y"], lora=lora, **kwargs)

@@ -569,7 +569,7 @@ def test_an_export_over_the_protobuf_limit_writes_its_weights_beside_it_once(mlp
     big = tmp_path / "big.onnx"
     for _ in range(2):
         module.export_model_for_inferencing(big, ["output"])
-    weights = sum(p.data.nbytes for _, p in state.parameters.items())
+    weights = sum(p.data.nbytes for _, p in state.parameters.items() if p.data.size >= 64)  # the rest stay inline
     assert os.path.getsize(str(big) + ".data") == weights
     onnx.checker.check_model(str(big), full_check=True)
     x = rng.standard_normal((3, 8)).astype(np.float32)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 import onnx
+from onnx import numpy_helper
 
-from onnxtrain.ir.files import PROTO_LIMIT, atomic_write_bytes
 from onnxtrain.lora import LoRAMeta, MergeAdapters
 
 __all__ = ["merge_exported_model"]
@@ -15,10 +15,9 @@ __all__ = ["merge_exported_model"]
 
 def merge_exported_model(meta: LoRAMeta, path: str | os.PathLike) -> None:
     """Rewrite the inference model at ``path`` with the adapters of ``meta`` merged."""
-    path = os.fspath(path)
-    merged = MergeAdapters(meta)(onnx.load(path)).model
-    if merged.ByteSize() > PROTO_LIMIT - (64 << 20):
-        onnx.save_model(merged, path, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=os.path.basename(path) + ".data")
-        return
-    atomic_write_bytes(path, merged.SerializeToString())
+    from onnxtrain.runtime.export import write_model
+
+    merged = MergeAdapters(meta)(onnx.load(os.fspath(path))).model
+    weights = {t.name: numpy_helper.to_array(t) for t in merged.graph.initializer}
+    del merged.graph.initializer[:]
+    write_model(merged, weights, path)   # replacing PATH.data, not appending to it

@@ -13,7 +13,9 @@ from onnxtrain.ir.files import PROTO_LIMIT, StagedFiles, atomic_write_bytes
 from onnxtrain.ir.passes import node_inputs, prune_nodes
 from onnxtrain.ir.types import infer_tensor_info
 
-__all__ = ["export_inference_model"]
+__all__ = ["export_inference_model", "write_model"]
+
+EXTERNAL_MIN_SIZE = 64  # elements: smaller tensors stay inline in a model whose weights are in PATH.data
 
 
 
@@ -36,26 +38,34 @@ def export_inference_model(eval_model: onnx.ModelProto, meta: TrainingMeta, valu
     # among the user inputs, and the peer's exported model does not ask for it.
     inputs = [i for i in graph.input if i.name in meta.user_inputs and i.name in needed]
     weights = {n: values[n] for n in values if n in needed}
+    outputs = [helper.make_tensor_value_info(n, infos[n].elem_type, infos[n].shape) for n in output_names]
+    out_graph = helper.make_graph(nodes, "inference", inputs, outputs,
+                                  initializer=[i for i in graph.initializer if i.name in needed])
+    model = helper.make_model(out_graph, opset_imports=list(eval_model.opset_import), producer_name="onnxtrain")
+    model.ir_version = eval_model.ir_version
+    write_model(model, weights, path)
+
+
+def write_model(model: onnx.ModelProto, weights: dict[str, np.ndarray], path: str | os.PathLike) -> None:
+    """Write ``model`` with ``weights`` added to its initializers, atomically. Over protobuf's 2 GB the weights go
+    to ``PATH.data``, written from the arrays' own memory (no TensorProto copies of them), and the two files are
+    replaced together (onnx.save_model would append to an older ``.data``)."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"cannot export to {path}: the folder {directory} does not exist")
-    external = sum(a.nbytes for a in weights.values()) > PROTO_LIMIT - (64 << 20)
     data_path = path + ".data"
-    initializers = (_external_tensors(weights, os.path.basename(data_path)) if external
-                    else [numpy_helper.from_array(a, n) for n, a in weights.items()])
-    initializers += [i for i in graph.initializer if i.name in needed]
-    outputs = [helper.make_tensor_value_info(n, infos[n].elem_type, infos[n].shape) for n in output_names]
-    out_graph = helper.make_graph(nodes, "inference", inputs, outputs, initializer=initializers)
-    model = helper.make_model(out_graph, opset_imports=list(eval_model.opset_import), producer_name="onnxtrain")
-    model.ir_version = eval_model.ir_version
-    if not external:
+    if sum(a.nbytes for a in weights.values()) <= PROTO_LIMIT - (64 << 20):
+        model.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in weights.items())
         atomic_write_bytes(path, model.SerializeToString())
         return
-    # Over protobuf's 2 GB: the weights go to PATH.data, written from the arrays' own memory (no TensorProto
-    # copies of them), replacing any older file; the two files are replaced together.
+    # shapes, axes, scales and other small tensors stay in the model: onnxruntime reads no external data to infer
+    # shapes
+    outside = {n: a for n, a in weights.items() if a.dtype.kind == "f" and a.size >= EXTERNAL_MIN_SIZE}
+    model.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in weights.items() if n not in outside)
+    model.graph.initializer.extend(_external_tensors(outside, os.path.basename(data_path)))
     with StagedFiles() as files:
-        files.stage(data_path, [_little_endian(a).data for a in weights.values()])
+        files.stage(data_path, [_little_endian(a).data for a in outside.values()])
         files.stage(path, model.SerializeToString())
         files.commit()
 
