@@ -62,6 +62,18 @@ def test_unsupported_operator_is_named(model_path):
         convert(flat, "mlp.tflite")
 
 
+def test_an_unsupported_operator_is_named_before_an_integer_input(model_path):
+    """A Keras text model: its int32 token input goes with a GATHER, which is what blocks the import."""
+    import dataclasses
+
+    flat = read_flatbuffer(model_path("mlp.tflite").read_bytes())
+    flat.operators[0].code = "GATHER"
+    first = flat.inputs[0]
+    flat.tensors[first] = dataclasses.replace(flat.tensors[first], type_code=2)   # INT32
+    with pytest.raises(UnsupportedModelError, match=r"cannot import: GATHER"):
+        convert(flat, "text.tflite")
+
+
 def test_quantized_model_is_refused_with_tensor_names(model_path):
     flat = read_flatbuffer(model_path("mlp.tflite").read_bytes())
     flat.tensors[3].quantized = True

@@ -143,8 +143,9 @@ def test_concatenation_with_fused_activation_is_refused():
     x = g.input("x", [1, 3])
     data = g.build([g.op("CONCATENATION", [x, x], "y", [1, 6], "ConcatenationOptions", axis=1,
                          fusedActivationFunction=RELU)])
-    with pytest.raises(ValueError, match=r"operator 0 \(CONCATENATION\): a fused activation .* is not supported"):
-        convert(read_flatbuffer(data), "concat")
+    with pytest.raises(ValueError, match=r"^concat.tflite: operator 0 \(CONCATENATION\): a fused activation .* is "
+                                         r"not supported"):
+        convert(read_flatbuffer(data), "concat.tflite")   # the file is named, as in every other import error
 
 
 def row_pad_image(g):

@@ -26,7 +26,7 @@ OPSET = 17
 
 
 def _check_float(model: FlatModel, source: str) -> None:
-    """Training needs a float model: refuse quantized, sparse and non-float activations with their names."""
+    """Training needs a float model: refuse quantized and sparse tensors with their names."""
     quantized = [t.name for t in model.tensors if t.quantized]
     if quantized:
         shown = ", ".join(repr(n) for n in quantized[:3]) + (f" and {len(quantized) - 3} more" if len(quantized) > 3
@@ -38,6 +38,9 @@ def _check_float(model: FlatModel, source: str) -> None:
     if sparse:
         raise UnsupportedModelError(f"{source} has sparse tensors ({', '.join(repr(n) for n in sparse[:3])}); "
                                     f"densify them")
+
+
+def _check_io(model: FlatModel, source: str) -> None:
     for index in model.inputs + model.outputs:
         t = model.tensors[index]
         if t.type_code != 0:
@@ -94,7 +97,8 @@ def _operator_weights(model: FlatModel, weight_names: dict[int, str]) -> list[li
 def convert(model: FlatModel, source: str = "model") -> onnx.ModelProto:
     """The forward ONNX model of a parsed flatbuffer (its first subgraph)."""
     _check_float(model, source)
-    _unsupported(model, source)
+    _unsupported(model, source)   # before the inputs' types: an int32 token input goes with an unsupported GATHER
+    _check_io(model, source)
     if model.subgraphs > 1:
         raise UnsupportedModelError(f"{source} has {model.subgraphs} subgraphs (control flow or several "
                                     f"signatures); only single-subgraph models are supported")
@@ -108,7 +112,10 @@ def convert(model: FlatModel, source: str = "model") -> onnx.ModelProto:
         ctx.define(index, name)
         inputs.append(_value_info(model, index, name))
     for op in model.operators:
-        CONVERTERS[op.code](ctx, op)
+        try:
+            CONVERTERS[op.code](ctx, op)
+        except UnsupportedModelError as exc:
+            raise UnsupportedModelError(f"{source}: {exc}") from None
     outputs = []
     for index in model.outputs:
         name = model.tensors[index].name
