@@ -191,7 +191,7 @@ def _rename_value(nodes: list[onnx.NodeProto], old: str, new: str) -> bool:
     return True
 
 
-def _warn_unreached(graph: onnx.GraphProto, unreached: list[str], loss: str) -> None:
+def _warn_unreached(graph: onnx.GraphProto, unreached: list[str]) -> None:
     """Trainable parameters the loss does not depend on (a second head's weights when the loss reads the first
     head): their gradient is zero at every step. Those read by a quantizing op are warned about on their own."""
     quantized = set(quantized_away(graph, unreached))
@@ -387,7 +387,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     acc = GraphBuilder(default_opset(model), taken=full_names | {n.name for n in gb.nodes} |
                        {o for n in gb.nodes for o in n.output}, prefix="acc/")
     grad_inputs, grad_outputs, accumulation = _accumulate(acc, grads, wrt, infos)
-    _warn_unreached(graph, [p for p in plan.trainable if grads.get(p) is None], loss_name)
+    _warn_unreached(graph, [p for p in plan.trainable if grads.get(p) is None])
     sizes = {d: (i.name, axis) for i in reversed(user_inputs) for axis, d in enumerate(infos[i.name].shape or ())
              if isinstance(d, str)}   # a symbol -> a user input's axis of that size
     buffer_outputs, train_forward = _buffer_outputs(acc, forward_nodes, plan.buffers, infos, extras, sizes)

@@ -202,14 +202,14 @@ def _too_large_for_constants(graph: onnx.GraphProto, weights: dict[str, np.ndarr
     inside them, because the constants would not fit in one ONNX message: the largest first, until what is
     left is small. A model over 2 GB with a few layers trained (``requires_grad``) used to fail in shape
     inference."""
-    taken = set(state) | _settings(graph) | {x for n in graph.node if n.op_type == "BatchNormalization"
-                                             for x in n.input[3:5]}
+    state = set(state)
+    total = sum(a.nbytes for n, a in weights.items() if n not in state)
+    moved: list[str] = []
+    if total <= CONSTANTS_LIMIT:   # every model under 1 GB of constants: no walk of the graph
+        return moved
+    taken = state | _settings(graph) | running_statistics(graph)
     constants = sorted((n for n, a in weights.items() if n not in taken and a.dtype.kind == "f" and a.ndim > 0),
                        key=lambda n: weights[n].nbytes, reverse=True)
-    total = sum(weights[n].nbytes for n in weights if n not in state)
-    moved: list[str] = []
-    if total <= CONSTANTS_LIMIT:
-        return moved
     for name in constants:
         if total <= CONSTANTS_KEPT:
             break

@@ -195,17 +195,22 @@ def restore_torch_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarr
     _warn_merged(graph, weights)
     if not added:
         return []
-    nodes = new_nodes + list(graph.node)
+    read = {x for n in [*new_nodes, *graph.node] for x in node_inputs(n)} | {o.name for o in graph.output}
+    _prepend_and_drop(graph, weights, new_nodes, {w for w in weights if w not in read})
+    return [n for n in added if n in weights]
+
+
+def _prepend_and_drop(graph: onnx.GraphProto, weights: dict[str, np.ndarray], nodes: list[onnx.NodeProto],
+                      gone: Collection[str]) -> None:
+    """Put ``nodes`` first in ``graph`` and forget the tensors ``gone`` (their values and declarations)."""
+    ordered = [*nodes, *graph.node]
     del graph.node[:]
-    graph.node.extend(nodes)
-    read = {x for n in graph.node for x in node_inputs(n)} | {o.name for o in graph.output}
-    gone = {w for w in weights if w not in read}
+    graph.node.extend(ordered)
     for name in gone:
         del weights[name]
     infos = [v for v in graph.value_info if v.name not in gone]
     del graph.value_info[:]
     graph.value_info.extend(infos)
-    return [n for n in added if n in weights]
 
 
 def _warn_merged(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> None:
@@ -376,14 +381,7 @@ def retie_folded_transposes(graph: onnx.GraphProto, weights: dict[str, np.ndarra
             if x in outputs:
                 node.input[i] = outputs[x]
     transposes = [helper.make_node("Transpose", [ties[f]], [out], perm=[1, 0], name=out) for f, out in outputs.items()]
-    nodes = transposes + list(graph.node)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    for f in ties:
-        del weights[f]
-    infos = [v for v in graph.value_info if v.name not in ties]
-    del graph.value_info[:]
-    graph.value_info.extend(infos)
+    _prepend_and_drop(graph, weights, transposes, ties)
     logger.warning("%s %s the transpose of %s, which the model also reads: a weight torch ties (a language model's "
                    "head and embedding), stored twice by the TorchScript exporter's constant folding; trained as %s "
                    "(export with do_constant_folding=False if they are separate parameters)",
