@@ -56,3 +56,30 @@ def test_loop_stacks_scan_outputs_of_any_rank():
     assert [o.shape for o in ours] == [(2, 3), (4, 2, 3), (4,)]
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_scan_with_reversed_directions_and_other_axes():
+    """A running sum over a (2, T, 3) input read along axis 1 backwards, its steps stacked on axis 1 backwards
+    and, a second time, forwards on axis 0 (the form of a reverse-direction recurrence and of a Scan's backward)."""
+    body = h.make_graph(
+        [h.make_node("Add", ["acc", "x_t"], ["acc_out"]),
+         h.make_node("Identity", ["acc_out"], ["backwards"]),
+         h.make_node("Identity", ["acc_out"], ["forwards"])],
+        "body",
+        [h.make_tensor_value_info("acc", TensorProto.FLOAT, [2, 3]),
+         h.make_tensor_value_info("x_t", TensorProto.FLOAT, [2, 3])],
+        [h.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("acc_out", "backwards", "forwards")])
+    scan = h.make_node("Scan", ["init", "x"], ["final", "backwards", "forwards"], body=body, num_scan_inputs=1,
+                       scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[1, 0],
+                       scan_output_directions=[1, 0])
+    graph = h.make_graph([scan], "g", [h.make_tensor_value_info("init", TensorProto.FLOAT, [2, 3]),
+                                       h.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 3])],
+                         [h.make_tensor_value_info(n, TensorProto.FLOAT, None)
+                          for n in ("final", "backwards", "forwards")])
+    rng = np.random.default_rng(0)
+    feeds = {"init": rng.standard_normal((2, 3)).astype(np.float32),
+             "x": rng.standard_normal((2, 4, 3)).astype(np.float32)}
+    ours, theirs = _both(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), feeds)
+    assert [o.shape for o in ours] == [(2, 3), (2, 4, 3), (4, 2, 3)]
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -13,6 +13,7 @@ from onnx.reference.ops.op_erf import Erf as _Erf
 from onnx.reference.ops.op_grid_sample import GridSample as _GridSample
 from onnx.reference.ops.op_loop import Loop as _Loop
 from onnx.reference.ops.op_max_pool import MaxPool as _MaxPool
+from onnx.reference.ops.op_scan import Scan as _Scan
 
 __all__ = ["PATCHED_OPS", "name_omitted_outputs"]
 
@@ -202,8 +203,45 @@ class Loop(_Loop):
         return tuple(outputs)
 
 
+class Scan(_Scan):
+    """onnx.reference's Scan refuses reversed directions and axes other than 0, which a reverse-direction
+    recurrence and the backward of every Scan use: the scan inputs are turned to axis 0, forward, before its
+    loop, and the scan outputs back after it."""
+
+    def __init__(self, onnx_node, run_params):
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in onnx_node.attribute}
+        self._in_axes = list(attributes.get("scan_input_axes", []))
+        self._in_directions = list(attributes.get("scan_input_directions", []))
+        self._out_axes = list(attributes.get("scan_output_axes", []))
+        self._out_directions = list(attributes.get("scan_output_directions", []))
+        plain = onnx.NodeProto()
+        plain.CopyFrom(onnx_node)
+        del plain.attribute[:]
+        plain.attribute.extend(a for a in onnx_node.attribute if not a.name.startswith(("scan_input_", "scan_output_")))
+        super().__init__(plain, run_params)
+
+    def _run(self, *args, **kwargs):
+        states = len(args) - self.num_scan_inputs
+        scans = [self._to_front(x, self._in_axes, self._in_directions, i) for i, x in enumerate(args[states:])]
+        outputs = super()._run(*args[:states], *scans, **kwargs)
+        return (*outputs[:states], *(self._from_front(y, self._out_axes, self._out_directions, i)
+                                     for i, y in enumerate(outputs[states:])))
+
+    @staticmethod
+    def _to_front(x, axes, directions, i):
+        axis = axes[i] if i < len(axes) else 0
+        x = np.moveaxis(x, axis, 0)
+        return x[::-1] if i < len(directions) and directions[i] else x
+
+    @staticmethod
+    def _from_front(y, axes, directions, i):
+        y = y[::-1] if i < len(directions) and directions[i] else y
+        axis = axes[i] if i < len(axes) else 0
+        return np.ascontiguousarray(np.moveaxis(y, 0, axis))
+
+
 PATCHED_OPS = [ConvTranspose, Erf, Gelu, GlobalLpPool, GlobalMaxPool, GridSample, LRN, LpNormalization, Loop, MaxPool,
-               Mean, Pad]
+               Mean, Pad, Scan]
 
 
 def name_omitted_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
