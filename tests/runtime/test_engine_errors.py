@@ -71,3 +71,22 @@ def test_a_feed_refused_before_any_node_runs_gets_the_shapes_hint(message):
     assert "class labels" not in str(info.value) and "check the inputs' shapes and values" in str(info.value)
     assert str(info.value).startswith("the training step failed: Got invalid dimensions" if "dimensions" in message
                                       else "the training step failed: Invalid rank")
+
+
+def test_an_index_past_an_embedding_gets_the_token_id_hint():
+    """A token id past the vocabulary fails in the embedding's Gather: the hint speaks of token ids, not of
+    class labels, which the loss's checks have already cleared."""
+    from onnxtrain.runtime.engine_errors import run_session
+
+    class Refusing:
+        def run(self, *args, **kwargs):
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running Gather "
+                               "node. Name:'/embeddings/word_embeddings/Gather' Status Message: indices element out "
+                               "of data bounds, idx=100 must be within the inclusive range [-100,99]")
+
+    with pytest.raises(ExecutionError) as info:
+        run_session(Refusing(), "training step")
+    message = str(info.value)
+    assert message.startswith("the training step failed in a Gather node ('/embeddings/word_embeddings/Gather'): "
+                              "indices element out of data bounds, idx=100")
+    assert "token ids must be below the embedding's vocabulary size" in message and "class labels" not in message

@@ -39,6 +39,8 @@ def run_session(session, what: str, *args, **kwargs) -> list[np.ndarray]:
         where = f" in a {node.group(1)} node" if node else ""
         where += f" ({node.group(2)!r})" if node and node.group(2) else ""
         index = node.group(1) in _INDEX_READERS if node else not _SHAPE_MESSAGE.search(str(exc))
-        hint = ("check the input values, e.g. class labels must be below the number of classes" if index
-                else "check the inputs' shapes and values")
+        hint = ("check the inputs' shapes and values" if not index
+                else "check the input values, e.g. token ids must be below the embedding's vocabulary size"
+                if node and node.group(1).startswith("Gather")
+                else "check the input values, e.g. class labels must be below the number of classes")
         raise ExecutionError(f"the {what} failed{where}: {_engine_message(exc)} ({hint})") from None
