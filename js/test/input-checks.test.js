@@ -116,3 +116,21 @@ test("a training graph that leaves the class count open (as with ignore_index) c
     && /^the training step failed in a \w+ node.*\(check the input values, e.g. class labels must be below the number of classes\)$/.test(e.message));
   await alone.release();
 });
+
+test('a size computed from another input (a language model\'s shifted labels) is checked, as in Python', async () => {
+  const { checkFeeds } = await import('../src/runtime/inputs.js');
+  const ids = { name: 'input_ids', type: 'int64', shape: ['s77', 's27'] };
+  const tensor = (dims) => new ortNode.Tensor('int64', new BigInt64Array(dims[0] * dims[1]), dims);
+  for (const [declared, good, bad] of [['s27-1', 7, 8], ['2*s27', 16, 8], ['floor((s27+1)/2)', 4, 5],
+    ['((s27//3)) - 1', 1, 2], ['max(s27, 10)', 10, 8]]) {
+    const labels = { name: 'labels', type: 'int64', shape: ['s77', declared] };
+    checkFeeds([ids, labels], { input_ids: tensor([2, 8]), labels: tensor([2, good]) }, 'training step');
+    assert.throws(() => checkFeeds([ids, labels], { input_ids: tensor([2, 8]), labels: tensor([2, bad]) }, 'training step'),
+      (e) => e instanceof InputError && e.message === `training step: input 'labels' expects ${declared}=${good} on axis 1 `
+        + `(s27=8 from the other inputs), got shape [2, ${bad}]`);
+  }
+  for (const declared of ['s99-1', 'Mod(s27, 2)', 'unk__3']) {  // unknown symbol, unread form, plain symbol
+    const other = { name: 'x', type: 'float32', shape: ['batch', declared] };
+    checkFeeds([other], { x: new ortNode.Tensor('float32', new Float32Array(10), [2, 5]) }, 'eval step');
+  }
+});

@@ -30,7 +30,78 @@ export function checkFeeds(inputs, feeds, what, labels = {}) {
     checkTensor(meta, feeds[meta.name], what, symbols);
     if (meta.name in labels) checkLabels(meta.name, feeds[meta.name], labels[meta.name], what);
   }
+  checkComputedSizes(inputs, feeds, symbols, what);
   return Object.fromEntries(expected.map((n) => [n, feeds[n]]));
+}
+
+const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]*$/;
+const FUNCTIONS = { floor: Math.floor, ceil: Math.ceil, min: Math.min, max: Math.max, Min: Math.min, Max: Math.max };
+const parsedSizes = new Map();
+
+/** A declared size computed from other sizes ('s27-1', '2*batch', 'floor((height+1)/2)') as a function of the
+ * symbols' sizes returning a number, or undefined when a symbol is unknown; null for a plain symbol or what is not
+ * such arithmetic. As inputs.py's _size_expression and _evaluate. */
+export function sizeExpression(text) {
+  if (IDENTIFIER.test(text)) return null;
+  if (!parsedSizes.has(text)) parsedSizes.set(text, parseSize(text));
+  return parsedSizes.get(text);
+}
+
+function parseSize(text) {
+  const tokens = text.match(/\/\/|[A-Za-z_][A-Za-z0-9_]*|\d+|\S/g) ?? [];
+  let at = 0;
+  const peek = () => tokens[at];
+  const take = () => tokens[at++];
+  const binary = (next, ops) => () => {
+    let left = next();
+    while (ops[peek()]) {
+      const op = ops[take()], l = left, r = next();
+      left = (s) => { const a = l(s), b = r(s); return a === undefined || b === undefined ? undefined : op(a, b); };
+    }
+    return left;
+  };
+  const divide = (f) => (a, b) => (b === 0 ? undefined : f(a, b));
+  let sum;
+  const atom = () => {
+    const token = take();
+    if (token === undefined) throw new SyntaxError(text);
+    if (token === '-') { const v = atom(); return (s) => { const a = v(s); return a === undefined ? undefined : -a; }; }
+    if (token === '(') { const v = sum(); if (take() !== ')') throw new SyntaxError(text); return v; }
+    if (/^\d+$/.test(token)) return () => Number(token);
+    if (!IDENTIFIER.test(token)) throw new SyntaxError(text);
+    if (peek() !== '(') return (s) => s.get(token);
+    if (!(token in FUNCTIONS)) throw new SyntaxError(text);
+    take();
+    const args = [sum()];
+    while (peek() === ',') { take(); args.push(sum()); }
+    if (take() !== ')') throw new SyntaxError(text);
+    return (s) => { const v = args.map((f) => f(s)); return v.includes(undefined) ? undefined : FUNCTIONS[token](...v); };
+  };
+  const product = binary(atom, { '*': (a, b) => a * b, '/': divide((a, b) => a / b),
+    '//': divide((a, b) => Math.floor(a / b)), '%': divide((a, b) => a - b * Math.floor(a / b)) });
+  sum = binary(product, { '+': (a, b) => a + b, '-': (a, b) => a - b });
+  try {
+    const value = sum();
+    return at === tokens.length ? value : null;
+  } catch {
+    return null;
+  }
+}
+
+/** An InputError for the first axis whose declared size is computed from the other inputs' sizes (a causal
+ * language model's labels are one token shorter than its input) and differs from the tensor's. */
+function checkComputedSizes(inputs, feeds, symbols, what) {
+  for (const meta of inputs) {
+    (meta.shape ?? []).forEach((want, axis) => {
+      const size = typeof want === 'string' ? sizeExpression(want) : null;
+      const value = size ? size(symbols) : undefined;
+      const dims = feeds[meta.name].dims;
+      if (value === undefined || value === dims[axis]) return;
+      const given = [...symbols.keys()].filter((k) => IDENTIFIER.test(k) && new RegExp(`\\b${k}\\b`).test(want))
+        .map((k) => `${k}=${symbols.get(k)}`).join(', ');
+      throw new InputError(`${what}: input '${meta.name}' expects ${want}=${value} on axis ${axis} (${given} from the other inputs), got shape [${dims.join(', ')}]`);
+    });
+  }
 }
 
 const isTensor = (value) => typeof value === 'object' && value !== null && typeof value.type === 'string'

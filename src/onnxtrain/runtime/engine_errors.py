@@ -41,6 +41,6 @@ def run_session(session, what: str, *args, **kwargs) -> list[np.ndarray]:
         index = node.group(1) in _INDEX_READERS if node else not _SHAPE_MESSAGE.search(str(exc))
         hint = ("check the inputs' shapes and values" if not index
                 else "check the input values, e.g. token ids must be below the embedding's vocabulary size"
-                if node and node.group(1).startswith("Gather")
+                if node and node.group(1) == "Gather"
                 else "check the input values, e.g. class labels must be below the number of classes")
         raise ExecutionError(f"the {what} failed{where}: {_engine_message(exc)} ({hint})") from None

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import onnx
@@ -75,6 +79,66 @@ def _check_labels(name: str, array: np.ndarray, labels: ClassLabels, what: str) 
                      f"{labels.loss} labels must be class indices, {allowed}{ignore}")
 
 
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+              ast.Div: operator.truediv, ast.Mod: operator.mod}
+_FUNCTIONS = {"floor": math.floor, "ceil": math.ceil, "min": min, "max": max, "Min": min, "Max": max}
+
+
+@lru_cache(maxsize=256)
+def _size_expression(text: str) -> ast.expr | None:
+    """A declared size computed from other sizes (``s27-1`` for a shifted language-model target, ``2*batch``,
+    ``floor((height+1)/2)``), parsed; None for a plain symbol or what is not such arithmetic."""
+    if text.isidentifier():
+        return None
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return None
+    allowed = (ast.BinOp, ast.UnaryOp, ast.USub, ast.Name, ast.Constant, ast.Call, ast.Load, *_OPERATORS)
+    if not all(isinstance(n, allowed) for n in ast.walk(tree)):
+        return None
+    if any(isinstance(n, ast.Call) and not (isinstance(n.func, ast.Name) and n.func.id in _FUNCTIONS)
+           for n in ast.walk(tree)):
+        return None
+    return tree
+
+
+def _evaluate(tree: ast.expr, sizes: Mapping[str, int]):
+    """The value of a size expression, or None if it reads a size not in ``sizes``."""
+    if isinstance(tree, ast.Constant):
+        return tree.value if isinstance(tree.value, (int, float)) else None
+    if isinstance(tree, ast.Name):
+        return sizes.get(tree.id)
+    if isinstance(tree, ast.UnaryOp):
+        value = _evaluate(tree.operand, sizes)
+        return None if value is None else -value
+    if isinstance(tree, ast.BinOp):
+        left, right = _evaluate(tree.left, sizes), _evaluate(tree.right, sizes)
+        if left is None or right is None or (right == 0 and type(tree.op) in (ast.FloorDiv, ast.Div, ast.Mod)):
+            return None
+        return _OPERATORS[type(tree.op)](left, right)
+    if isinstance(tree, ast.Call) and not tree.keywords:
+        args = [_evaluate(a, sizes) for a in tree.args]
+        return None if not args or None in args else _FUNCTIONS[tree.func.id](*args)
+    return None
+
+
+def _check_computed_sizes(metas: Sequence[TensorMeta], arrays: Sequence[np.ndarray], sizes: Mapping[str, int],
+                          what: str) -> None:
+    """An InputError for the first axis whose declared size is computed from the other inputs' sizes (a causal
+    language model's labels are one token shorter than its input) and differs from the array's."""
+    for meta, array in zip(metas, arrays):
+        for axis, want in enumerate(meta.shape or ()):
+            tree = _size_expression(want) if isinstance(want, str) else None
+            value = _evaluate(tree, sizes) if tree is not None else None
+            if value is None or value == array.shape[axis]:
+                continue
+            read = sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in sizes})
+            given = ", ".join(f"{name}={sizes[name]}" for name in read)
+            raise InputError(f"{what}: input {meta.name!r} expects {want}={value:g} on axis {axis} ({given} from the "
+                             f"other inputs), got shape {list(array.shape)}")
+
+
 def describe(meta: TensorMeta) -> str:
     dims = "?" if meta.shape is None else "[" + ", ".join(str(d) if d is not None else "?" for d in meta.shape) + "]"
     return f"{meta.dtype}{dims}"
@@ -115,6 +179,8 @@ def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what
         if labels and meta.name in labels:
             _check_labels(meta.name, array, labels[meta.name], what)
         arrays.append(array if array.flags.c_contiguous else np.asarray(array, order="C"))
+    if any(isinstance(d, str) and not d.isidentifier() for m in metas for d in m.shape or ()):
+        _check_computed_sizes(metas, arrays, symbols, what)
     return arrays
 
 
