@@ -149,3 +149,35 @@ def test_torch_exports_at_opsets_9_to_11_match_torch(tmp_path, opset):
     with torch.no_grad():
         np.testing.assert_allclose(session.run(None, {"x": x})[0], net(torch.from_numpy(x)).numpy(), rtol=1e-4,
                                    atol=1e-5)
+
+
+@pytest.mark.parametrize("opset", [12, 13])
+def test_training_mode_batchnorm_before_opset_14_trains_as_torch(tmp_path, opset):
+    """Before opset 14 a BatchNormalization is in training mode when it outputs its running statistics (the
+    TorchScript exporter with ``training=TRAINING``); at opset 13 it was kept as it was and differentiated as in
+    inference mode: the loss right, the gradients of everything before it wrong, the statistics never updated."""
+    torch = pytest.importorskip("torch")
+    import io
+    import warnings
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                              torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 3)).train()
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, (torch.randn(2, 1, 8, 8),), buffer, dynamo=False, opset_version=opset,
+                          training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False, input_names=["x"],
+                          output_names=["y"], dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
+    run = Trained(onnx.load_from_string(buffer.getvalue()), tmp_path, LossType.MSELoss)
+    assert set(run.state.buffers) == {"1.running_mean", "1.running_var"}
+    rng = np.random.default_rng(opset)
+    x, y = rng.standard_normal((4, 1, 8, 8)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    loss, grads = run.gradients(x, y)
+    ref = torch.nn.functional.mse_loss(net(torch.from_numpy(x)), torch.from_numpy(y))
+    ref.backward()
+    assert abs(loss - float(ref)) <= 1e-5 * float(ref)
+    for name in ("0.weight", "1.weight", "4.weight"):
+        want = dict(net.named_parameters())[name].grad.numpy()
+        assert np.linalg.norm(grads[name] - want) <= 1e-4 * np.linalg.norm(want), name
+    np.testing.assert_allclose(run.state.buffers["1.running_mean"], net[1].running_mean.numpy(), rtol=1e-5, atol=1e-6)

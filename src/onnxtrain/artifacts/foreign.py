@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import onnx
 
 from onnxtrain.artifacts.contrib_ops import CONTRIB, LOWERED, lower_contrib_ops
 from onnxtrain.artifacts.ml_ops import lower_ml_ops
+from onnxtrain.artifacts.params import QUANTIZED_ADVICE
 from onnxtrain.ir.passes import clone, declare_as_inputs, node_inputs
 from onnxtrain.ir.types import FLOAT_TYPES, infer_tensor_info
 
@@ -37,6 +39,23 @@ CONTRIB_HINT = ("onnxruntime's optimizer (onnxruntime.transformers optimize_mode
                 "a session) fused these; onnxtrain rewrites " + ", ".join(LOWERED) + " as standard ops, but not "
                 "the others: train the model as it was exported, before the optimizer, or optimize it with those "
                 "fusions off (e.g. FusionOptions.enable_attention = False)")
+
+NCHWC_HINT = ("onnxruntime's ORT_ENABLE_ALL level, saved with optimized_model_filepath, lays the convolutions out "
+              "for this machine's CPU (com.microsoft.nchwc); train the model as it was exported, or save it from a "
+              "session at ORT_ENABLE_EXTENDED or below")
+
+QOPERATOR_HINT = ("onnxruntime.quantization (QOperator format, or quantize_dynamic) wrote these integer ops; "
+                  + QUANTIZED_ADVICE)
+
+
+def _foreign_hint(ops: Sequence[str]) -> str:
+    """What made the ops ``ops`` (spelled ``domain::op_type``) and what to do, after "; ", or ''."""
+    domains = {op.rpartition("::")[0] for op in ops}
+    # onnxruntime's quantized ops: QGemm, QLinearAdd, QAttention, DynamicQuantizeMatMul, MatMulIntegerToFloat
+    quantized = any(d == CONTRIB and (t.startswith("Q") or "Quantize" in t or "Integer" in t)
+                    for d, _, t in (op.rpartition("::") for op in ops))
+    return (f"; {_SKL2ONNX_HINT}" if "ai.onnx.ml" in domains else f"; {NCHWC_HINT}" if CONTRIB + ".nchwc" in domains
+            else f"; {QOPERATOR_HINT}" if quantized else f"; {CONTRIB_HINT}" if CONTRIB in domains else "")
 
 
 def _describe(graph: onnx.GraphProto, name: str) -> str:
@@ -93,8 +112,7 @@ def detach_foreign_ops(model: onnx.ModelProto, weights: dict[str, np.ndarray]) -
         read = [x for x in read if x in infos and infos[x].is_float]
     if len(removed) == len(graph.output) and not read:
         ops = sorted({f"{n.domain}::{n.op_type}" for n in foreign})
-        hint = (f"; {_SKL2ONNX_HINT}" if any(n.domain == "ai.onnx.ml" for n in foreign) else
-                f"; {CONTRIB_HINT}" if any(n.domain == CONTRIB for n in foreign) else "")
+        hint = _foreign_hint(ops)
         raise ValueError(f"every output of the model is computed by ops outside the default ONNX domain "
                          f"({', '.join(ops)}), which have no gradient and cannot be in stock-onnxruntime "
                          f"artifacts{hint}")
@@ -183,7 +201,7 @@ def check_loss_inputs(graph: onnx.GraphProto, detached: Detached, loss_inputs: S
                                       "says otherwise)" if loss_name else " (the model's first output is the loss)")
     for name in asked:
         if name in removed:
-            hint = f"; {CONTRIB_HINT}" if f"{CONTRIB}::" in removed[name] else ""
+            hint = _foreign_hint(re.findall(r"[\w.]+::\w+", removed[name]))
             raise ValueError(f"{loss_name or 'the loss'} cannot read {name!r}{default}: it is {removed[name]}, "
                              f"which no loss can read and stock-onnxruntime artifacts cannot contain{hint}; "
                              f"{instead()}")

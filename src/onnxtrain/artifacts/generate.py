@@ -19,6 +19,7 @@ from onnxtrain.artifacts.params import (
     QUANTIZED_OPS,
     QUANTIZING_OPS,
     WEIGHTS_AS_INPUTS,
+    check_state_dtypes,
     expand_names,
     plan_parameters,
     quantized_away,
@@ -30,7 +31,15 @@ from onnxtrain.artifacts.passes import (
     ShapesInForward,
     TransposedProducts,
 )
-from onnxtrain.artifacts.source import MIN_OPSET, load_source_model
+from onnxtrain.artifacts.source import (
+    KEEP_OPSET_FROM,
+    MIN_OPSET,
+    OpsetConversionError,
+    float_constants,
+    load_source_model,
+    model_from_bytes,
+    promote_constants,
+)
 from onnxtrain.blocks import ops, optim
 from onnxtrain.blocks.base import Block
 from onnxtrain.builtins import LossType, OptimType
@@ -118,7 +127,7 @@ def _without_cyclic_gc() -> Iterator[None]:
 
 @_without_cyclic_gc()
 def generate_artifacts(
-    model: onnx.ModelProto | str | os.PathLike,
+    model: onnx.ModelProto | str | os.PathLike | bytes,
     requires_grad: Sequence[str] | None = None,
     frozen_params: Sequence[str] | None = None,
     loss: LossType | Block | None = None,
@@ -136,7 +145,8 @@ def generate_artifacts(
     """Write ``{prefix}training_model.onnx``, ``eval_model.onnx``, ``optimizer_model.onnx`` and ``checkpoint``.
 
     Args:
-        model: the forward model (ModelProto, or a path; models over 2 GB must be given as a path).
+        model: the forward model (ModelProto, or a path; models over 2 GB must be given as a path; bytes are a
+            path or a serialized model).
         requires_grad: names (or globs) of the parameters to train; None trains every float initializer
             except frozen ones and BatchNorm running statistics.
         frozen_params: parameters kept in the checkpoint but never updated.
@@ -164,6 +174,8 @@ def generate_artifacts(
     if custom_op_library is not None:
         raise ValueError("custom_op_library is not supported: onnxtrain artifacts use the default ONNX domain "
                          "only, so that they run on any stock onnxruntime")
+    if isinstance(model, (bytes, bytearray)):
+        model = model_from_bytes(bytes(model))
     additional_output_names = _names_argument("additional_output_names", additional_output_names)
     loss_input_names = _names_argument("loss_input_names", loss_input_names)
     loss_block, all_outputs = _resolve_loss(loss)
@@ -192,11 +204,13 @@ def generate_artifacts(
         train, frozen, lora_meta = (apply_lora(source, lora, requires_grad, frozen_params) if lora is not None
                                     else (requires_grad, frozen_params, None))
         plan = plan_parameters(source.model.graph, source.weights, train, frozen, trainable_ops)
+        check_state_dtypes(source.weights, plan, opt_block is not None)
         quantized = sorted({n.op_type for n in source.model.graph.node if n.op_type in QUANTIZED_OPS})
         if not plan.trainable and opt_block is not None and lora is None:
             chosen = f"trainable_ops={trainable_ops}" if trainable_ops >= 0 else f"requires_grad={train!r}"
             cause = (f"; the model has no initializers but {len(source.model.graph.input)} inputs: "
                      f"{WEIGHTS_AS_INPUTS}" if not source.weights and len(source.model.graph.input) > 1 else
+                     _weights_as_constants(source.model.graph) if not source.weights else
                      f"; the model is quantized ({', '.join(quantized)}): {QUANTIZED_ADVICE}" if quantized else "")
             logger.warning("no parameter trains (%s selects none): the optimizer model will update nothing; "
                            "name the parameters to train in requires_grad, or raise trainable_ops%s", chosen, cause)
@@ -239,7 +253,13 @@ def generate_artifacts(
         training.metadata_props.extend(flatbuffer)
         write(files, "training", training, checked=memory.modified, changed=bool(flatbuffer))
 
-    source = load_source_model(model)
+    def load(min_opset: int = KEEP_OPSET_FROM):
+        loaded = load_source_model(model, min_opset=min_opset)
+        promote_constants(loaded, [*(requires_grad or []), *(frozen_params or [])])
+        return loaded
+
+    with _blaming_an_invalid_source(model):
+        source = load()
     if loss is None:
         loss_input_names, additional_output_names = _outputs_without_loss(
             [o.name for o in source.model.graph.output], loss_input_names, additional_output_names)
@@ -255,7 +275,7 @@ def generate_artifacts(
                     raise
                 logger.warning("converting the model to opset %d: its gradient needs it (%s)", MIN_OPSET, exc)
                 files.discard()
-                build(load_source_model(model, min_opset=MIN_OPSET), files)
+                build(load(MIN_OPSET), files)
         files.commit()
     if ort_format:
         convert_to_ort([paths[k] for k in ("training", "eval", "optimizer") if k in paths])
@@ -269,7 +289,8 @@ def _blaming_an_invalid_source(model: onnx.ModelProto | str | os.PathLike) -> It
     checked only then: a full check of it would cost every generation its time."""
     try:
         yield
-    except (PassError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+    except (PassError, OpsetConversionError, onnx.checker.ValidationError,
+            onnx.shape_inference.InferenceError) as exc:
         problem = _checker_problem(model)
         if problem is None:
             raise
@@ -288,6 +309,15 @@ def _checker_problem(model: onnx.ModelProto | str | os.PathLike) -> str | None:
     except Exception as exc:  # ValidationError, InferenceError
         return first_line(exc).rstrip(".")
     return None
+
+
+def _weights_as_constants(graph: onnx.GraphProto) -> str:
+    """Why a model without initializers trains nothing: its weights are Constant nodes (onnxscript), or ''."""
+    tensors = [c for c, v in float_constants(graph).items() if v.size > 1]
+    if not tensors:
+        return ""
+    return (f"; the model has no initializers, and {len(tensors)} Constant nodes hold float tensors (e.g. "
+            f"{tensors[0]!r}): name them in requires_grad (names or globs) to train them")
 
 
 def _checkpoint_data(weights: dict, plan) -> CheckpointData:

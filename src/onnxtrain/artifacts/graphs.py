@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,7 +13,7 @@ import onnx
 from onnx import helper
 
 from onnxtrain import conventions as names
-from onnxtrain.artifacts.params import ParameterPlan, quantized_away
+from onnxtrain.artifacts.params import QUANTIZED_ADVICE, ParameterPlan, quantized_away
 from onnxtrain.artifacts.passes import DropUnreadIndices, EvalMode, PoolBeforeRelu
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.blocks import ops
@@ -98,7 +98,7 @@ class _LossPart:
 
 
 def _add_loss(fwd_model: onnx.ModelProto, infos: dict[str, TensorInfo], loss: Block,
-              loss_inputs: list[str]) -> _LossPart:
+              loss_inputs: list[str], weights: Collection[str] = ()) -> _LossPart:
     """Let the loss block build its nodes on the forward graph, in place, as the peer builds it inside
     ``onnxblock.base(model)``: an onnxblock loss reads and edits ``self.base`` (this model), onnxtrain blocks build
     on the values they are given. The block returns the loss, or a tuple ``(loss, *outputs)`` whose other values
@@ -107,6 +107,7 @@ def _add_loss(fwd_model: onnx.ModelProto, infos: dict[str, TensorInfo], loss: Bl
 
     graph = fwd_model.graph
     counts = len(graph.node), len(graph.initializer), len(graph.input)
+    computed = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | set(weights)
     who = f"the loss block {type(loss).__name__}"
     with building_on(fwd_model, infos=infos, owner=who) as accessor:
         ctx = accessor.context
@@ -124,6 +125,7 @@ def _add_loss(fwd_model: onnx.ModelProto, infos: dict[str, TensorInfo], loss: Bl
         if unknown:
             raise ValueError(f"{who} returned {unknown[0]!r}, which is not a value of the model (its outputs are "
                              f"{[o.name for o in graph.output]})")
+        _check_label_names(graph, computed, len(loss_inputs), loss)
         ctx.builder.take(used_names(graph))  # with the names edits of self.base added
         loss_name = ctx.builder.unique("loss")
         if loss_out in outputs or not _rename_value(graph.node[counts[0]:], loss_out, loss_name):
@@ -131,6 +133,58 @@ def _add_loss(fwd_model: onnx.ModelProto, infos: dict[str, TensorInfo], loss: Bl
         graph = accessor.model.graph
     return _LossPart(list(graph.node[counts[0]:]), list(graph.initializer[counts[1]:]),
                      list(graph.input[counts[2]:]), loss_name, outputs)
+
+
+def _check_label_names(graph: onnx.GraphProto, computed: set[str], given: int, loss: Block) -> None:
+    """ValueError when the name of a built-in loss's label is taken by a value the model computes (an output
+    called ``target``): the loss would take that value for the label instead of declaring an input (as the peer's
+    losses reuse a graph input of that name) and compare the model with itself. ``given``: the loss's arguments
+    the caller named (loss_input_names); the labels after them have the block's default names."""
+    import inspect
+
+    from onnxtrain.builtins import LossType
+
+    if not isinstance(loss, tuple(t.block_class for t in LossType)):
+        return  # a custom block may read any value of the model
+    params = list(inspect.signature(loss.build).parameters.values())[given:]
+    labels = [p.default for p in params if isinstance(p.default, str)]
+    taken = next((n for n in labels if n in computed), None)
+    if taken is not None:
+        where = ("an output of the model" if any(o.name == taken for o in graph.output) else
+                 "a value of the model" if taken not in {i.name for i in graph.input} else "a weight of the model")
+        raise ValueError(f"{type(loss).__name__}'s label input is called {taken!r}, which is {where}: the loss would "
+                         f"read that value as the label, not the labels you feed; rename {taken!r} in the model (its "
+                         f"producer, its readers and the outputs)")
+
+
+def _check_loss_typed(infos: dict[str, TensorInfo], part: _LossPart, loss: Block) -> None:
+    """ValueError naming the node when shape inference gives a built-in loss no type: its inputs do not fit
+    together (a model input of the label's name, reused as the label as the peer does, with another shape)."""
+    from onnxtrain.builtins import LossType
+
+    if not isinstance(loss, tuple(t.block_class for t in LossType)):
+        return
+    for n in part.nodes:
+        label = infos.get(n.input[1]) if n.op_type in names.CLASS_LOSSES and len(n.input) > 1 else None
+        if label is not None and label.elem_type not in (onnx.TensorProto.INT32, onnx.TensorProto.INT64):
+            raise ValueError(f"{type(loss).__name__} reads its labels from {n.input[1]!r}, {_spell(label)}: class "
+                             f"labels are int64 or int32 (a model input of the label's name is taken as the label)")
+    if infos.get(part.loss) is not None:
+        return
+    node = next((n for n in part.nodes if any(o and o not in infos for o in n.output)), None)
+    if node is None:
+        return
+    described = ", ".join(f"{x!r} {_spell(infos.get(x))}" for x in node.input if x)
+    raise ValueError(f"{type(loss).__name__} cannot compute the loss: its {node.op_type} node reads {described}, "
+                     f"which do not fit together; check the loss inputs (loss_input_names) and the labels (a model "
+                     f"input of the label's name is taken as the label)")
+
+
+def _spell(info: TensorInfo | None) -> str:
+    if info is None:
+        return "(type unknown)"
+    dims = "?" if info.shape is None else ", ".join("?" if d is None else str(d) for d in info.shape)
+    return f"{onnx.helper.tensor_dtype_to_np_dtype(info.elem_type)}[{dims}]"
 
 
 def _check_scalar_loss(info: TensorInfo | None, loss: Block, first_input: str) -> None:
@@ -193,8 +247,14 @@ def _rename_value(nodes: list[onnx.NodeProto], old: str, new: str) -> bool:
 
 def _warn_unreached(graph: onnx.GraphProto, unreached: list[str]) -> None:
     """Trainable parameters the loss does not depend on (a second head's weights when the loss reads the first
-    head): their gradient is zero at every step. Those read by a quantizing op are warned about on their own."""
+    head): their gradient is zero at every step. Those read by a quantizing op are warned about on their own, and
+    here again when no path around it reaches the loss (a QDQ model quantizes its output too)."""
     quantized = set(quantized_away(graph, unreached))
+    if quantized:
+        stuck = [p for p in unreached if p in quantized]
+        warnings.warn(f"{len(stuck)} trainable parameters (e.g. {stuck[:3]}) reach the loss only through quantizing "
+                      f"ops: their gradient is zero at every step and they will not train; {QUANTIZED_ADVICE}",
+                      stacklevel=4)
     unreached = [p for p in unreached if p not in quantized]
     if unreached:
         warnings.warn(f"{len(unreached)} trainable parameters do not reach the loss (e.g. {unreached[:3]}): their "
@@ -332,11 +392,35 @@ def _emitted_apart(acc: GraphBuilder, build):
     return result, emitted
 
 
+def _check_reserved_names(graph: onnx.GraphProto, weights: dict[str, np.ndarray], plan: ParameterPlan) -> None:
+    """ValueError when a value of the model has a name the training graph gives its own inputs and outputs (the
+    reset flag, the gradient buffers and outputs, the updated buffers): the two would be one value."""
+    reserved = {names.LAZY_RESET_GRAD: "the flag that restarts gradient accumulation"}
+    for p in [*plan.trainable, *plan.inputs]:
+        reserved[names.grad_buffer_name(p)] = f"the gradient buffer of {p!r}"
+        reserved[names.grad_output_name(p)] = f"the gradient output of {p!r}"
+    for b in plan.buffers:
+        reserved[names.buffer_output_name(b)] = f"the updated value of the buffer {b!r}"
+    taken = {v.name for v in [*graph.input, *graph.output]} | set(weights) | {
+        x for n in graph.node for x in [*n.input, *n.output]}
+    clash = next((n for n in reserved if n in taken), None)
+    if clash is not None:
+        raise ValueError(f"the model has a value named {clash!r}, the name the training graph gives "
+                         f"{reserved[clash]}: rename it in the model (its inputs, outputs and the nodes that use it)")
+
+
+def _shape_of(infos: dict, name: str) -> tuple:
+    """The inferred shape of ``name``, () when unknown or not a tensor (a sequence or optional input)."""
+    info = infos.get(name)
+    return tuple(info.shape or ()) if info is not None else ()
+
+
 def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: ParameterPlan, loss: Block,
                  loss_input_names: Sequence[str] | None, additional_output_names: Sequence[str] | None,
                  all_outputs_to_loss: bool) -> TrainingGraphs:
     """Assemble the training graph (forward + loss + gradients + accumulation) and the eval graph."""
     graph = model.graph
+    _check_reserved_names(graph, weights, plan)
     state = [*plan.trainable, *plan.frozen, *plan.buffers]
     extras = list(additional_output_names or [])
     fwd_model = _model(model, _forward_graph(graph, weights, state), {})
@@ -355,7 +439,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     for name in [*loss_inputs, *extras]:
         if name not in infos:
             raise ValueError(f"{name!r} is not a value of the model (its outputs are {output_names})")
-    part = _add_loss(fwd_model, infos, loss, loss_inputs)
+    part = _add_loss(fwd_model, infos, loss, loss_inputs, weights)
     labels, loss_name = part.labels, part.loss
     extras = list(dict.fromkeys([*part.outputs, *extras]))  # the block's outputs after the loss, then the asked
 
@@ -366,6 +450,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
     infos = (infer_tensor_info(_model(model, full, {})) if pooled.modified
              else _with_loss_infos(model, infos, full, part))
 
+    _check_loss_typed(infos, part, loss)
     _check_scalar_loss(infos.get(loss_name), loss, loss_inputs[0])
     if infos.get(loss_name) is not None and infos[loss_name].shape:
         _squeeze_loss(full, infos, loss_name)
@@ -388,7 +473,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
                        {o for n in gb.nodes for o in n.output}, prefix="acc/")
     grad_inputs, grad_outputs, accumulation = _accumulate(acc, grads, wrt, infos)
     _warn_unreached(graph, [p for p in plan.trainable if grads.get(p) is None])
-    sizes = {d: (i.name, axis) for i in reversed(user_inputs) for axis, d in enumerate(infos[i.name].shape or ())
+    sizes = {d: (i.name, axis) for i in reversed(user_inputs) for axis, d in enumerate(_shape_of(infos, i.name))
              if isinstance(d, str)}   # a symbol -> a user input's axis of that size
     buffer_outputs, train_forward = _buffer_outputs(acc, forward_nodes, plan.buffers, infos, extras, sizes)
 

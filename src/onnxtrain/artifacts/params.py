@@ -23,7 +23,7 @@ from onnxtrain.ir.types import FLOAT_TYPES
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ParameterPlan", "plan_parameters", "batchnorm_buffers", "expand_names"]
+__all__ = ["ParameterPlan", "plan_parameters", "batchnorm_buffers", "expand_names", "check_state_dtypes"]
 
 
 @dataclass
@@ -102,6 +102,9 @@ def expand_names(names: Sequence[str] | None, candidates: Sequence[str], what: s
                              "optimizer (dynamo=True and optimize=True, its defaults) stored it once with another "
                              "parameter of equal values (a fresh model's zero biases), read by nodes that record no "
                              "torch call to tell them apart; export with optimize=False to train it")
+        if not hits and name + "_quantized" in candidates:   # onnxruntime.quantization's name for its integers
+            raise ValueError(f"{what}: {name!r} is not an initializer of the model: onnxruntime.quantization stored "
+                             f"it as the integers {name + '_quantized'!r}, which cannot train; {QUANTIZED_ADVICE}")
         if not hits:
             # a torch name without the prefix of a wrapping module ('2.*' for 'm.2.*'), else a similar name
             close = ([c for c in candidates if fnmatch.fnmatchcase(c, "*." + name)][:5]
@@ -349,3 +352,37 @@ def quantized_away(graph: onnx.GraphProto, trainable: Sequence[str]) -> list[str
         return []
     read = set(quantized) | {x for k in ancestors(nodes, quantized) for x in node_inputs(nodes[k])}
     return [p for p in trainable if p in read]
+
+
+def _by_dtype(weights: dict[str, np.ndarray], names: Sequence[str]) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        groups.setdefault(str(weights[n].dtype), []).append(n)
+    return groups
+
+
+def check_state_dtypes(weights: dict[str, np.ndarray], plan: ParameterPlan, optimizer: bool) -> None:
+    """Refuse, before any graph is built, parameters the runtime cannot hold: trainable ones of several dtypes (they
+    share one flat vector), trainable ones other than float32 under an optimizer (its update runs in float32), and
+    state (trainable, frozen, buffers) in a dtype onnxruntime's Python API cannot bind (bfloat16, float8)."""
+    groups = _by_dtype(weights, plan.trainable)
+    if len(groups) > 1:
+        listed = "; ".join(f"{d}: {len(ns)} (e.g. {ns[0]!r})" for d, ns in groups.items())
+        raise TypeError(f"the trainable parameters have several dtypes ({listed}); they are trained as one flat "
+                        f"vector of one dtype: select parameters of one dtype in requires_grad (the others stay "
+                        f"constants, or list them in frozen_params), or convert the model to one float type")
+    state = [*plan.trainable, *plan.frozen, *plan.buffers]
+    unbindable = [n for n in state if weights[n].dtype.kind == "V"]   # ml_dtypes' bfloat16 and float8 types
+    if unbindable:
+        n = unbindable[0]
+        raise TypeError(f"parameter {n!r} is {weights[n].dtype} ({len(unbindable)} such trainable, frozen or buffer "
+                        f"tensors): onnxruntime's Python API cannot feed {weights[n].dtype} arrays to a session, so "
+                        f"it cannot be training state; leave it out of requires_grad and frozen_params (it then "
+                        f"stays a constant of the graphs), or convert the model's weights to float32")
+    if optimizer and groups and next(iter(groups)) != "float32":
+        dtype, ns = next(iter(groups.items()))
+        raise TypeError(f"the optimizer graph supports float32 parameters; the {len(ns)} trainable parameters are "
+                        f"{dtype} (e.g. {ns[0]!r}): convert the model to float32 first (skl2onnx: FloatTensorType "
+                        f"inputs; otherwise export it from the float32 model, or cast its float initializers, inputs "
+                        f"and Cast nodes), or pass "
+                        f"optimizer=None and update the parameters yourself")

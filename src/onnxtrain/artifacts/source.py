@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,14 +22,19 @@ from onnxtrain.artifacts.torch_names import restore_torch_parameters, retie_fold
 from onnxtrain.conventions import TRAINING_META
 from onnxtrain.ir.passes import clone, clone_without, declare_as_inputs, default_opset, node_inputs
 from onnxtrain.ir.symbolic import canonical_name, input_symbols
-from onnxtrain.ir.types import onnx_dtype
+from onnxtrain.ir.types import FLOAT_TYPES, onnx_dtype
 
-__all__ = ["SourceModel", "load_source_model", "MIN_OPSET", "KEEP_OPSET_FROM"]
+__all__ = ["SourceModel", "OpsetConversionError", "load_source_model", "MIN_OPSET", "KEEP_OPSET_FROM",
+           "promote_constants", "float_constants", "model_from_bytes"]
 
 logger = logging.getLogger(__name__)
 
 MIN_OPSET = 17        # the opset older models are converted to when onnxtrain cannot train them at theirs
 KEEP_OPSET_FROM = 13  # models from this opset on keep it (as the peer does); axes became inputs at 13
+
+
+class OpsetConversionError(ValueError):
+    """ONNX's version converter could not bring the model to :data:`MIN_OPSET`."""
 
 
 @dataclass
@@ -44,6 +51,10 @@ class SourceModel:
 def _read(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelProto, str | None]:
     if isinstance(model, onnx.ModelProto):
         return model, None
+    if isinstance(model, (bytes, bytearray)):
+        model = model_from_bytes(bytes(model))
+        if isinstance(model, onnx.ModelProto):
+            return model, None
     if isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         if not os.path.exists(path):
@@ -56,6 +67,23 @@ def _read(model: onnx.ModelProto | str | os.PathLike) -> tuple[onnx.ModelProto, 
             raise ValueError(f"{path} is not an ONNX model with a graph (no nodes found)")
         return proto, os.path.dirname(os.path.abspath(path))
     raise TypeError(f"model must be an onnx.ModelProto or a path to an .onnx file, got {type(model).__name__}")
+
+
+def model_from_bytes(data: bytes) -> onnx.ModelProto | str:
+    """The ``model`` argument given as bytes: a path (bytes naming an existing file, as os.fspath takes them) or
+    a serialized model."""
+    path = os.fsdecode(data)
+    if len(data) < 4096 and os.path.isfile(path):
+        return path
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception:
+        model = None
+    if model is None or not model.graph.node:
+        raise TypeError(f"model is {len(data)} bytes that neither name an existing file nor parse as a serialized "
+                        f"ONNX model with a graph: pass a path (str or pathlib.Path) or an onnx.ModelProto")
+    return model
 
 
 def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int = KEEP_OPSET_FROM) -> SourceModel:
@@ -72,6 +100,7 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     proto = clone_without(original, "initializer")
     # calls of the model's own functions (export_modules_as_functions) become their bodies: default-domain ops
     proto = InlineLocalFunctions().run(proto).model
+    _check_input_types(proto.graph)
     opset = default_opset(proto)
     if opset is None:
         raise ValueError("the model imports no default-domain (ai.onnx) opset")
@@ -93,11 +122,10 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     if restored:
         logger.info("torch parameters restored from the exporter's records: %d (e.g. %s)", len(restored), restored[0])
     proto = _split_sequences(proto, weights)
-    if proto.graph.sparse_initializer:
-        raise ValueError("sparse initializers are not supported; convert them to dense initializers first")
+    _densify_sparse_initializers(proto.graph, weights)
     first_output = proto.graph.output[0].name if proto.graph.output else ""
     detached = detach_foreign_ops(proto, weights)  # skl2onnx's ai.onnx.ml label and ZipMap (foreign.py)
-    if opset < min_opset:
+    if opset < min_opset or (opset < 14 and _training_batchnorm(proto.graph)):
         proto = _upgrade(proto, weights)
         opset = MIN_OPSET
     elif opset < 14:
@@ -112,6 +140,77 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
         types = {x: onnx_dtype(weights[x].dtype) for x in likes if x in weights}
         proto = CastLikeToCast(types).run(proto).model
     return SourceModel(proto, weights, opset, first_output, detached)
+
+
+def float_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """The values of the graph's Constant nodes that hold a floating-point tensor, by output name (models written
+    by onnxscript, or by exporters that store weights as Constant nodes, have no initializers)."""
+    found = {}
+    for node in graph.node:
+        if node.op_type != "Constant" or len(node.attribute) != 1:
+            continue
+        attr = node.attribute[0]
+        if attr.name == "value" and attr.t.data_type in FLOAT_TYPES and not attr.t.external_data:
+            found[node.output[0]] = numpy_helper.to_array(attr.t)
+        elif attr.name in ("value_float", "value_floats"):
+            found[node.output[0]] = np.asarray(onnx.helper.get_attribute_value(attr), dtype=np.float32)
+    return found
+
+
+def promote_constants(source: SourceModel, names: Sequence[str] | None) -> list[str]:
+    """Make the floating-point Constant nodes that ``names`` name initializers of ``source``, in place, so that
+    requires_grad and frozen_params can select them as they select initializers; returns the promoted names.
+    A glob selects Constant nodes of more than one value only in a model without initializers (onnxscript's form):
+    elsewhere the Constant nodes are the exporter's constants (a mask, a table), which ``["*"]`` must not train."""
+    if not names:
+        return []
+    found = float_constants(source.model.graph)
+    globs = not source.weights
+    picked = [c for c, v in found.items() if c not in source.weights and any(
+        c == n or (globs and v.size > 1 and any(ch in n for ch in "*?[") and fnmatch.fnmatchcase(c, n))
+        for n in names)]
+    if not picked:
+        return picked
+    for name in picked:
+        source.weights[name] = found[name]
+    keep = [n for n in source.model.graph.node if not (n.op_type == "Constant" and n.output[0] in picked)]
+    del source.model.graph.node[:]
+    source.model.graph.node.extend(keep)
+    logger.info("Constant nodes made parameters: %d (e.g. %s)", len(picked), picked[0])
+    return picked
+
+
+def _densify_sparse_initializers(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> None:
+    """Move the graph's sparse initializers into ``weights`` as dense arrays (the gradients and the optimizer work
+    on dense tensors; the trained values are dense too), in place."""
+    for sparse in graph.sparse_initializer:
+        name = sparse.values.name
+        try:
+            values = numpy_helper.to_array(sparse.values)
+            indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
+            dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
+            if indices.ndim == 2:  # COO: one row of coordinates per value
+                dense[tuple(indices.T)] = values
+            else:                  # linearized indices into the flattened tensor
+                dense.reshape(-1)[indices] = values
+        except Exception as exc:
+            raise ValueError(f"cannot read sparse initializer {name!r} (dims {list(sparse.dims)}): {exc}") from None
+        weights[name] = dense
+    del graph.sparse_initializer[:]
+
+
+def _check_input_types(graph: onnx.GraphProto) -> None:
+    """Refuse an input that is not a tensor (a sequence, an optional, a map): the runtime feeds tensors only."""
+    kinds = {"sequence_type": "a sequence", "optional_type": "an optional", "map_type": "a map",
+             "sparse_tensor_type": "a sparse tensor", None: "of no type"}
+    for vi in graph.input:
+        kind = vi.type.WhichOneof("value")
+        if kind == "tensor_type":
+            continue
+        spelled = kinds.get(kind, kind)
+        raise ValueError(f"the model's input {vi.name!r} is {spelled}, not a tensor: the training and eval steps "
+                         f"feed tensors only; give the model tensor inputs (a sequence stacked into one tensor, an "
+                         f"optional input as a plain tensor)")
 
 
 def _spell_declared_sizes(graph: onnx.GraphProto) -> None:
@@ -169,6 +268,14 @@ def _unalias_initializers(graph: onnx.GraphProto, weights: dict[str, np.ndarray]
             del weights[name]
 
 
+def _training_batchnorm(graph: onnx.GraphProto) -> bool:
+    """Whether a BatchNormalization before opset 14 is in training mode, which it says by its output count (the
+    running statistics as outputs; opset 14 made it the ``training_mode`` attribute, which the gradient rule and the
+    parameter roles read): the TorchScript exporter writes it so at opset 13 with ``training=TRAINING``. Such a model
+    is converted to opset 17, whose node says it."""
+    return any(n.op_type == "BatchNormalization" and len([o for o in n.output if o]) > 1 for n in graph.node)
+
+
 def _drop_unused_saved_statistics(graph: onnx.GraphProto) -> None:
     """Training-mode BatchNormalization before opset 14 may list saved_mean/saved_var outputs, which opset 14
     removed (torch's TorchScript exporter writes them, unused); the converter refuses them, so drop them."""
@@ -192,7 +299,7 @@ def _upgrade(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> onnx.Mod
                 raise
             proto = _convert_with_pinned_dims(proto)
     except Exception as exc:
-        raise ValueError(f"cannot convert the model to opset {MIN_OPSET} (onnxtrain needs at least "
+        raise OpsetConversionError(f"cannot convert the model to opset {MIN_OPSET} (onnxtrain needs at least "
                          f"{MIN_OPSET}): {exc}") from None
     for node in proto.graph.node:  # before opset 14 the output count meant training mode; the converter drops it
         if (node.op_type == "BatchNormalization" and len(node.output) > 1
