@@ -211,6 +211,34 @@ def test_trainable_ops_trains_only_the_last_nodes(tmp_path):
     assert not load_checkpoint(tmp_path / "none" / "checkpoint").trainable
 
 
+def test_trainable_ops_counts_the_op_that_reads_a_transposed_weight(tmp_path):
+    """The forms an exporter gives a Linear over a sequence: ``MatMul(x, Transpose(W)) + b`` (TorchScript without
+    constant folding, torch's dynamo exporter without its optimizer), or W stored transposed, which onnxtrain gives
+    back torch's name and layout through a Transpose it puts first in the graph. trainable_ops=2 (the MatMul and
+    the Add) trains the last Linear's weight and bias in each, and the Transpose nodes are not ops."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((3, 8)).astype(np.float32)
+    tensors = [numpy_helper.from_array(a, n) for a, n in [(w1, "0.weight"), (np.zeros(8, np.float32), "0.bias"),
+                                                            (w2, "2.weight"), (np.zeros(3, np.float32), "2.bias")]]
+    nodes = [helper.make_node("Transpose", ["0.weight"], ["w1t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "w1t"], ["h0"]), helper.make_node("Add", ["h0", "0.bias"], ["h1"]),
+             helper.make_node("Relu", ["h1"], ["h"]),
+             helper.make_node("Transpose", ["2.weight"], ["w2t"], perm=[1, 0]),
+             helper.make_node("MatMul", ["h", "w2t"], ["y0"]), helper.make_node("Add", ["y0", "2.bias"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 3])], tensors)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    generate_artifacts(model, loss=LossType.MSELoss, optimizer=OptimType.SGD, artifact_directory=tmp_path,
+                       trainable_ops=2)
+    data = load_checkpoint(tmp_path / "checkpoint")
+    assert sorted(data.trainable) == ["2.bias", "2.weight"] and sorted(data.frozen) == ["0.bias", "0.weight"]
+    with pytest.raises(ValueError, match=r"trainable_ops=6 but the model has only 5 ops \(not counting the 2 "
+                                         r"nodes that only prepare weights and constants\)"):
+        generate_artifacts(model, loss=LossType.MSELoss, artifact_directory=tmp_path / "six", trainable_ops=6)
+
+
 def test_batchnorm_statistics_become_buffers(tmp_path):
     generate_artifacts(models.conv_bn(), loss=LossType.CrossEntropyLoss, optimizer=OptimType.SGD,
                        artifact_directory=tmp_path)

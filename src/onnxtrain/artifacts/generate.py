@@ -163,7 +163,8 @@ def generate_artifacts(
             separately).
         loss_input_names: model values passed to the loss (default: the first model output for built-in
             losses, every model output for custom blocks).
-        trainable_ops: train only the parameters of the last N nodes (-1: all, 0: none).
+        trainable_ops: train only the parameters of the last N ops (-1: all, 0: none); nodes that only prepare a
+            weight (an exporter's Transpose(W)) belong to the op that reads it and are not counted.
         lora: low-rank adapters (:class:`~onnxtrain.lora.LoRA`) on the targeted weights, which stay frozen; then
             ``requires_grad`` names what trains beside the adapters (None: the adapters only).
 

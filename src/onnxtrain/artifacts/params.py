@@ -132,8 +132,9 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
       A model from torch's dynamo exporter lists the module's parameters itself: exactly those train
       (:func:`_exported_parameters`), scalars included, and none of the constants the export made initializers.
     - ``frozen_params``: kept in the checkpoint, fed to the graphs, never updated.
-    - ``trainable_ops=N`` (N >= 0): only parameters consumed by the last N nodes (topological order) train;
-      the other candidates become frozen.
+    - ``trainable_ops=N`` (N >= 0): only parameters read by the last N ops (topological order; a node that reads
+      only weights and constants, such as an exporter's ``Transpose(W)``, belongs to the op that reads its output:
+      :func:`weights_of_last_ops`) train; the other candidates become frozen.
     - Running statistics of training-mode BatchNormalization become buffers: the training graph updates them.
     Initializers in none of these roles stay constants inside the graphs.
     """
@@ -181,15 +182,31 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
                                            and n not in settings and not _is_known_buffer(n)])
         _warn_merged_constants(graph, weights, trainable)
     if trainable_ops is not None and trainable_ops >= 0:
-        if trainable_ops > len(graph.node):
-            raise ValueError(f"trainable_ops={trainable_ops} but the model has only {len(graph.node)} nodes")
-        last = graph.node[len(graph.node) - trainable_ops:] if trainable_ops else []
-        consumed = {x for n in last for x in node_inputs(n)}
+        consumed = weights_of_last_ops(graph, set(names), trainable_ops)
         frozen += [n for n in trainable if n not in consumed and n not in frozen]
         trainable = [n for n in trainable if n in consumed]
     frozen = [n for n in frozen if n not in buffers]
     frozen += _too_large_for_constants(graph, weights, [*trainable, *frozen, *buffers])
     return ParameterPlan(trainable=trainable, frozen=frozen, buffers=buffers)
+
+
+def weights_of_last_ops(graph: onnx.GraphProto, weights: set[str], count: int) -> set[str]:
+    """The weights that the last ``count`` ops read, directly or through nodes that read only weights and constants
+    (the exporters' ``Transpose(W)`` and ``Cast(W)``, torch's restored ``Transpose`` of a dynamo-folded weight): those
+    nodes are part of the weight, not ops, and are not counted, wherever the exporter put them in the graph."""
+    sources: dict[str, set[str]] = {w: {w} for w in weights}   # a weight-only value -> the weights it is made of
+    ops = []
+    for node in graph.node:
+        read = [x for x in node_inputs(node) if x]
+        if all(x in sources for x in read):
+            made = set().union(*(sources[x] for x in read)) if read else set()
+            sources.update((o, made) for o in node.output if o)
+        else:
+            ops.append(node)
+    if count > len(ops):
+        raise ValueError(f"trainable_ops={count} but the model has only {len(ops)} ops (not counting the "
+                         f"{len(graph.node) - len(ops)} nodes that only prepare weights and constants)")
+    return {w for node in ops[len(ops) - count:] if count for x in node_inputs(node) for w in sources.get(x, ())}
 
 
 # What the graphs may hold as constants: protobuf serializes no message of 2 GB or more, and the forward model
