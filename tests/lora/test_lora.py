@@ -222,8 +222,8 @@ def test_mistakes_are_explained(tmp_path):
         _generate(tmp_path, _model(), LoRA(targets=["nothing"]))
     with pytest.raises(ValueError, match="carries a LoRA adapter and stays frozen"):
         _generate(tmp_path, _model(), LoRA(targets=["W1"]), requires_grad=["W*"])
-    with pytest.raises(TypeError, match=r"help: write targets=\['W1'\]"):
-        LoRA(targets="W1")
+    with pytest.raises(ValueError, match=r"'W' matches no .* regular expression .* help: targets=\['W'\]"):
+        _generate(tmp_path, _model(), LoRA(targets="W"))   # a string is PEFT's regular expression, as a whole
     with pytest.raises(ValueError, match="no LoRA adapters"):
         paths = generate_artifacts(_model(), loss=LossType.MSELoss, artifact_directory=tmp_path / "plain")
         lora_meta(paths["eval"])

@@ -38,7 +38,8 @@ def lora_meta(model: onnx.ModelProto | str | os.PathLike) -> LoRAMeta:
 
 
 def save_peft_adapter(state: CheckpointState, model: onnx.ModelProto | str | os.PathLike,
-                      output_dir: str | os.PathLike, base_model_name_or_path: str | None = None) -> dict[str, str]:
+                      output_dir: str | os.PathLike, base_model_name_or_path: str | None = None,
+                      task_type: str | None = None) -> dict[str, str]:
     """Write ``adapter_model.safetensors`` + ``adapter_config.json`` (PEFT's format) to ``output_dir``.
 
     Args:
@@ -46,6 +47,8 @@ def save_peft_adapter(state: CheckpointState, model: onnx.ModelProto | str | os.
         model: the artifacts' training or eval model (its metadata names the adapters).
         output_dir: the folder to write; ``PeftModel.from_pretrained(torch_model, output_dir)`` loads it.
         base_model_name_or_path: recorded in the config for PEFT's benefit.
+        task_type: PEFT's ``task_type`` ("SEQ_CLS", "CAUSAL_LM", ...), for ``AutoPeftModelFor...``; None loads as
+            a plain ``PeftModel``.
 
     Returns:
         The written paths by kind ("config", "weights").
@@ -55,4 +58,5 @@ def save_peft_adapter(state: CheckpointState, model: onnx.ModelProto | str | os.
     values = {n: state.parameters[n].data for n in adapter_names}
     extra = {n: p.data for n, p in state.parameters.items() if p.requires_grad and n not in adapter_names}
     base = {n: p.data for n, p in state.parameters.items() if n not in adapter_names}
-    return write_peft_adapter(meta, values, output_dir, extra, base_model_name_or_path, base=base)
+    return write_peft_adapter(meta, values, output_dir, extra, base_model_name_or_path, base=base,
+                              task_type=task_type)

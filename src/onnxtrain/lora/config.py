@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -12,7 +14,21 @@ import onnx
 
 from onnxtrain.conventions import LORA_META
 
-__all__ = ["LoRA", "Adapter", "LoRAMeta", "LORA_META", "adapter_param_names"]
+__all__ = ["LoRA", "Adapter", "LoRAMeta", "LORA_META", "ALL_LINEAR", "adapter_param_names"]
+
+ALL_LINEAR = "all-linear"
+
+
+def _check_regex(pattern: str) -> None:
+    if pattern.lower() == ALL_LINEAR:
+        return
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"LoRA targets {pattern!r}: a single string is a regular expression (as PEFT's "
+                         f"target_modules), and this one does not compile: {exc}; - help: give a list of names "
+                         "or globs, e.g. targets=['query', 'value']") from None
+
 
 def adapter_param_names(module: str) -> tuple[str, str]:
     """The parameter names of a module's adapter: PEFT's key names without ``base_model.model.``."""
@@ -30,11 +46,15 @@ class LoRA:
     Args:
         rank: the adapters' rank ``r``.
         alpha: PEFT's ``lora_alpha``.
-        targets: names or shell globs matched against the weight initializer's name, the node's name and the
-            torch module path (taken from the weight name, or from the node name torch's exporter writes, e.g.
-            ``/bert/encoder/layer.0/attention/self/query/MatMul`` -> ``bert.encoder.layer.0.attention.self.query``).
+        targets: a list of names or shell globs matched against the weight initializer's name, the node's name
+            and the torch module path (taken from the weight name, or from the node name torch's exporter writes,
+            e.g. ``/bert/encoder/layer.0/attention/self/query/MatMul`` ->
+            ``bert.encoder.layer.0.attention.self.query``).
             A plain name also matches a module path ending in ``.name`` (PEFT's ``target_modules``). Candidates
-            are the weights of MatMul (second input), Gemm (input B) and 1x1 Conv (group 1) nodes.
+            are the weights of MatMul (second input), Gemm (input B) and 1x1 Conv (group 1) nodes. As in PEFT, a
+            single string is a regular expression that must match a whole module path (or weight name), and
+            ``"all-linear"`` takes every MatMul / Gemm weight but the output layer's (a language model's head or
+            a classifier that writes the model's output).
         dropout: dropout on the adapter's input during training (PEFT's ``lora_dropout``).
         use_rslora: rank-stabilized scaling ``alpha / sqrt(rank)``.
         seed: seeds the Kaiming-uniform initialization of ``A``.
@@ -46,27 +66,37 @@ class LoRA:
         initial: starting values of adapter parameters by name (``{module}.lora_A.weight``); see :meth:`from_peft`.
         base_values: values replacing initializers of the model by name, e.g. a classifier PEFT saved as
             ``modules_to_save``; see :meth:`from_peft`.
+        modules_to_save: modules whose parameters train beside the adapters, as PEFT's ``modules_to_save``
+            (every module whose path ends with an entry, e.g. ``["classifier"]``, with its submodules; or a
+            parameter name or glob): the same as naming their parameters in ``generate_artifacts(requires_grad=...)``.
+            :meth:`from_peft` sets it to the modules the adapter file holds.
     """
 
     rank: int = 8
     alpha: float = 16.0
-    targets: Sequence[str] = ("*query*", "*value*")
+    targets: Sequence[str] | str = ("*query*", "*value*")
     dropout: float = 0.0
     use_rslora: bool = False
     seed: int = 0
     freeze_base: bool = True
     initial: Mapping[str, np.ndarray] | None = field(default=None, repr=False)
     base_values: Mapping[str, np.ndarray] | None = field(default=None, repr=False)
+    modules_to_save: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or self.rank < 1:
             raise ValueError(f"LoRA rank must be a positive integer, got {self.rank!r}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, numbers.Real) or not math.isfinite(self.alpha):
+            raise ValueError(f"LoRA alpha must be a finite number (PEFT's lora_alpha), got {self.alpha!r}")
+        if isinstance(self.modules_to_save, str):
+            self.modules_to_save = [self.modules_to_save]
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.targets, str) and [str(t).lower() for t in self.targets] == [ALL_LINEAR]:
+            self.targets = ALL_LINEAR   # the command line's --lora-targets all-linear
         if isinstance(self.targets, str):
-            raise TypeError(f"LoRA targets must be a list of names or globs, got the string {self.targets!r}; "
-                            f"- help: write targets=[{self.targets!r}]")
-        if not self.targets:
+            _check_regex(self.targets)
+        elif not self.targets:
             raise ValueError("LoRA targets is empty: name at least one MatMul/Gemm/Conv weight or module")
 
     @property
@@ -78,7 +108,8 @@ class LoRA:
     def from_peft(cls, path: str, **overrides) -> LoRA:
         """A LoRA that starts from a Hugging Face PEFT adapter folder (``adapter_config.json`` and
         ``adapter_model.safetensors``): its rank, alpha, dropout, target modules and weights, and the tensors
-        of its ``modules_to_save`` (by torch parameter name, as ``base_values``)."""
+        of its ``modules_to_save`` (by torch parameter name, as ``base_values``), which train as in PEFT
+        (``modules_to_save=None`` in ``overrides`` keeps them frozen)."""
         from onnxtrain.lora.peft import read_peft_adapter
 
         return read_peft_adapter(path, **overrides)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -32,20 +33,54 @@ from onnx import helper
 from onnxtrain.errors import LoRAError
 from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import clone, declare_as_inputs, used_names
-from onnxtrain.lora.config import Adapter, LoRA, LoRAMeta, adapter_param_names
+from onnxtrain.lora.config import ALL_LINEAR, Adapter, LoRA, LoRAMeta, adapter_param_names
 
-__all__ = ["InjectLoRA", "module_path", "Candidate", "candidates"]
+__all__ = ["InjectLoRA", "module_path", "scope_prefixes", "Candidate", "candidates"]
 
 
-def module_path(weight: str, node_name: str) -> str:
-    """The torch module a weight belongs to: ``x.y.weight`` -> ``x.y``; else the node name torch's exporter
-    writes (``/x/y/MatMul`` -> ``x.y``); else the weight name itself."""
+def module_path(weight: str, node_name: str, prefixes: dict[str, str] | None = None) -> str:
+    """The torch module a weight belongs to: the node name torch's exporter writes (``/x/y/MatMul`` -> ``x.y``,
+    under the module ``prefixes`` gives its first part, see :func:`scope_prefixes`) when it is not the module
+    of the weight's torch name (``x.y.weight`` -> ``x.y``), which is then a tied weight of another module; else
+    the module of the weight's name; else the weight name itself."""
+    scope = _scope(node_name)
+    if scope:
+        scope = (prefixes or {}).get(scope.split(".")[0], "") + scope
     if weight.endswith(".weight") and not weight.startswith("onnx::"):
-        return weight[: -len(".weight")]
+        own = weight[: -len(".weight")]
+        # a weight another module owns: a head tied to its embedding (GPT-2's lm_head reads transformer.wte.weight)
+        return scope if scope and own != scope and not own.endswith("." + scope) else own
+    return scope or weight
+
+
+def _scope(node_name: str) -> str:
+    """The module path of a node name torch's TorchScript exporter writes (``/x/y/MatMul`` -> ``x.y``), or ''."""
     parts = [p for p in node_name.split("/") if p]
-    if node_name.startswith("/") and len(parts) >= 2:
-        return ".".join(parts[:-1])
-    return weight
+    return ".".join(parts[:-1]) if node_name.startswith("/") and len(parts) >= 2 else ""
+
+
+def _torch_named(name: str) -> bool:
+    return "." in name and not name.startswith("onnx::")
+
+
+def scope_prefixes(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> dict[str, str]:
+    """The modules torch's TorchScript exporter leaves out of its node names, by the scope's first part.
+
+    OPT's ``OPTForCausalLM.model.decoder.layers.0`` gets nodes named ``/decoder/layers.0/...``: the exporter
+    skips the scope of a module whose forward it does not record (``model``), while the parameters keep their
+    full names (``model.decoder.layers.0.fc1.weight``). A node that reads a parameter of its own module tells
+    the missing part; a first part whose nodes disagree (or name their modules fully) gets none.
+    """
+    seen: dict[str, set[str]] = {}
+    for node in graph.node:
+        scope = _scope(node.name)
+        for x in node.input[:3] if scope else ():
+            module = x.rsplit(".", 1)[0] if x in weights and _torch_named(x) else None
+            if module == scope or (module or "").startswith(scope + "."):
+                seen.setdefault(scope.split(".")[0], set()).add("")
+            elif module and module.endswith("." + scope):
+                seen.setdefault(scope.split(".")[0], set()).add(module[: -len(scope)])
+    return {head: found.pop() for head, found in seen.items() if len(found) == 1 and "" not in found}
 
 
 @dataclass
@@ -71,6 +106,7 @@ def candidates(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> Iterat
     """Every MatMul (weight as second input, or its transpose: ``MatMul(x, Transpose(W))``, as torch's exporters
     write a Linear on a 3-D input), Gemm (weight as input B) and 1x1 group-1 Conv with a float initializer
     weight, in graph order."""
+    prefixes = scope_prefixes(graph, weights)
     transposed = {n.output[0]: n.input[0] for n in graph.node
                   if n.op_type == "Transpose" and n.input and n.input[0] in weights and weights[n.input[0]].ndim == 2
                   and list(_attr(n, "perm", [1, 0])) == [1, 0]}
@@ -79,7 +115,7 @@ def candidates(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> Iterat
                 and weights[transposed[node.input[1]]].dtype.kind == "f"):
             name = transposed[node.input[1]]
             out_f, in_f = weights[name].shape
-            yield Candidate(node, name, module_path(name, node.name), in_f, out_f, True)
+            yield Candidate(node, name, module_path(name, node.name, prefixes), in_f, out_f, True)
             continue
         if node.domain not in ("", "ai.onnx") or len(node.input) < 2 or node.input[1] not in weights:
             continue
@@ -87,14 +123,17 @@ def candidates(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> Iterat
         if w.dtype.kind != "f":
             continue
         if node.op_type == "MatMul" and w.ndim == 2:
-            yield Candidate(node, node.input[1], module_path(node.input[1], node.name), w.shape[0], w.shape[1], False)
+            module = module_path(node.input[1], node.name, prefixes)
+            yield Candidate(node, node.input[1], module, w.shape[0], w.shape[1], False)
         elif node.op_type == "Gemm" and w.ndim == 2:
             trans = bool(_attr(node, "transB", 0))
             out_f, in_f = w.shape if trans else w.shape[::-1]
-            yield Candidate(node, node.input[1], module_path(node.input[1], node.name), in_f, out_f, trans)
+            yield Candidate(node, node.input[1], module_path(node.input[1], node.name, prefixes), in_f, out_f,
+                            trans)
         elif (node.op_type == "Conv" and w.ndim >= 3 and all(k == 1 for k in w.shape[2:])
               and _attr(node, "group", 1) == 1):
-            yield Candidate(node, node.input[1], module_path(node.input[1], node.name), w.shape[1], w.shape[0], True)
+            module = module_path(node.input[1], node.name, prefixes)
+            yield Candidate(node, node.input[1], module, w.shape[1], w.shape[0], True)
 
 
 def _matches(pattern: str, c: Candidate) -> bool:
@@ -120,8 +159,10 @@ def _initial(lora: LoRA, name: str, shape: tuple[int, ...], dtype: np.dtype, rng
     given = (lora.initial or {}).get(name)
     if given is not None:
         given = np.asarray(given)
-        if given.size != math.prod(shape):
-            raise LoRAError(f"LoRA initial value {name!r} has shape {given.shape}, the model needs {shape}")
+        # (rank, in) and (out, rank), or with a 1x1 Conv's trailing ones; never reshaped from another layout
+        if given.shape[:2] != shape[:2] or given.size != math.prod(shape):
+            raise LoRAError(f"LoRA initial value {name!r} has shape {given.shape}, the model needs {shape} "
+                            f"(rank {lora.rank}): an adapter of another rank, or for another model")
         return given.reshape(shape).astype(dtype)
     if zeros:
         return np.zeros(shape, dtype)
@@ -159,13 +200,11 @@ def _inject(graph: onnx.GraphProto, weights: dict[str, np.ndarray], lora: LoRA) 
     _replace_base_values(weights, lora)
     found = list(candidates(graph, weights))
     chosen: dict[int, Candidate] = {}
-    for pattern in lora.targets:
-        hits = [c for c in found if _matches(pattern, c)]
+    for pattern in [lora.targets] if isinstance(lora.targets, str) else lora.targets:
+        hits = _string_targets(pattern, found, graph, weights) if isinstance(lora.targets, str) else \
+            [c for c in found if _matches(pattern, c)]
         if not hits:
-            listed = ", ".join(dict.fromkeys(c.module for c in found[:8]))
-            raise LoRAError(f"LoRA target {pattern!r} matches no MatMul / Gemm / 1x1 Conv weight ({len(found)} "
-                            f"candidates: {listed}{', ...' if len(found) > 8 else ''}); targets match weight "
-                            "names, module paths and node names")
+            raise LoRAError(_no_match(pattern, isinstance(lora.targets, str), found, graph, weights))
         chosen.update((id(c.node), c) for c in hits)
     unknown = set(lora.initial or {}) - {n for c in chosen.values() for n in adapter_param_names(c.module)}
     if unknown:
@@ -184,8 +223,76 @@ def _inject(graph: onnx.GraphProto, weights: dict[str, np.ndarray], lora: LoRA) 
             new_nodes.extend(extra)
     del graph.node[:]
     graph.node.extend(new_nodes)
+    targets = [lora.targets] if isinstance(lora.targets, str) else list(lora.targets)
     return LoRAMeta(rank=lora.rank, alpha=float(lora.alpha), scale=lora.scale, dropout=float(lora.dropout),
-                    use_rslora=lora.use_rslora, targets=list(lora.targets), adapters=adapters)
+                    use_rslora=lora.use_rslora, targets=targets, adapters=adapters)
+
+
+# Ops that carry a layer's output to the model's output unchanged but for a layout, a bias or a scale
+_PASS_THROUGH = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Cast", "Flatten", "Softmax",
+                 "LogSoftmax", "Sigmoid", "Slice", "Expand", "Gather"}
+_AFFINE = {"Add", "Sub", "Mul", "Div"}
+
+
+def _string_targets(pattern: str, found: list[Candidate], graph: onnx.GraphProto,
+                    weights: dict[str, np.ndarray]) -> list[Candidate]:
+    """PEFT's string ``target_modules``: ``"all-linear"``, or a regular expression matching a whole name."""
+    if pattern.lower() != ALL_LINEAR:
+        return [c for c in found if re.fullmatch(pattern, c.module) or re.fullmatch(pattern, c.weight)]
+    heads = _output_layers(graph, found, weights)
+    return [c for c in found if c.node.op_type in ("MatMul", "Gemm") and c.module not in heads]
+
+
+def _output_layers(graph: onnx.GraphProto, found: list[Candidate], weights: dict[str, np.ndarray]) -> set[str]:
+    """The modules of the candidates whose output is the model's output up to reshapes, a bias or a scale (a
+    language model's head, a classifier): PEFT's ``all-linear`` leaves a transformers model's output layer out."""
+    constants = set(weights) | {o for n in graph.node if n.op_type == "Constant" for o in n.output} | {""}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for x in n.input:
+            readers.setdefault(x, []).append(n)
+    outputs = {o.name for o in graph.output}
+
+    def reaches_output(value: str, seen: set[str]) -> bool:
+        if value in outputs:
+            return True
+        seen.add(value)
+        for n in readers.get(value, []):
+            passes = (n.op_type in _PASS_THROUGH and n.input[0] == value or
+                      n.op_type in _AFFINE and all(x == value or x in constants for x in n.input))
+            if passes and any(o not in seen and reaches_output(o, seen) for o in n.output):
+                return True
+        return False
+
+    return {c.module for c in found if reaches_output(c.node.output[0], set())}
+
+
+def _no_match(pattern: str, regex: bool, found: list[Candidate], graph: onnx.GraphProto,
+              weights: dict[str, np.ndarray]) -> str:
+    """Why a target matches no candidate: what it names instead (an embedding's Gather, a LayerNormalization's
+    scale), or that nothing has that name, with the candidates."""
+    listed = ", ".join(dict.fromkeys(c.module for c in found[:8]))
+    message = (f"LoRA target {pattern!r} matches no MatMul / Gemm / 1x1 Conv weight ({len(found)} candidates: "
+               f"{listed}{', ...' if len(found) > 8 else ''})")
+    if regex:
+        hint = "a single string is a regular expression matching a whole module path or weight name, as PEFT's " \
+               "target_modules"
+        if not any(ch in pattern for ch in ".*+?[]()|\\^$"):
+            hint += f"; - help: targets=[{pattern!r}] matches module paths ending in .{pattern}"
+        return f"{message}; {hint}"
+    other = next(((n, x) for n in graph.node for x in n.input if x in weights and
+                  _matches(pattern, Candidate(n, x, module_path(x, n.name), 0, 0, False))), None)
+    if other is None:
+        regex = any(x in pattern for x in (".*", "\\", "|", "(", "+", "^", "$"))
+        return f"{message}; targets match weight names, module paths and node names" + (
+            f"; - help: a regular expression goes as one string, targets={pattern!r} (PEFT's target_modules)"
+            if regex else "")
+    node, weight = other
+    kind = f"a {node.op_type}'s input {list(node.input).index(weight)}"
+    if node.op_type in ("MatMul", "Gemm", "Conv"):
+        kind += " (adapters take a MatMul's second input, a Gemm's B, a 1x1 group-1 Conv's weight)"
+    return (f"{message}: it names {weight!r}, {kind} in node {node.name!r}; LoRA adapts linear layers only, "
+            "not embeddings (Gather), normalizations or other weights")
 
 
 def _replace_base_values(weights: dict[str, np.ndarray], lora: LoRA) -> None:
