@@ -16,7 +16,8 @@ def add_lora_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-alpha", type=float, metavar="A", help="scale = A / R (default 2R)")
     g.add_argument("--lora-targets", nargs="+", metavar="NAME",
                    help="MatMul / Gemm / 1x1 Conv weights or torch module paths, by name or glob "
-                        "(e.g. '*query*' '*value*')")
+                        "(e.g. query value, or '*query*' '*value*'), or all-linear (every MatMul / Gemm but the "
+                        "output layer's)")
     g.add_argument("--lora-dropout", type=float, default=0.0, metavar="P", help="adapter input dropout (default 0)")
     g.add_argument("--lora-from", metavar="DIR", help="start from a Hugging Face PEFT adapter folder "
                    "(its rank, alpha, targets and weights)")
