@@ -90,3 +90,23 @@ def test_an_index_past_an_embedding_gets_the_token_id_hint():
     assert message.startswith("the training step failed in a Gather node ('/embeddings/word_embeddings/Gather'): "
                               "indices element out of data bounds, idx=100")
     assert "token ids must be below the embedding's vocabulary size" in message and "class labels" not in message
+
+
+def test_a_kernel_that_stops_on_a_nan_input_names_the_input():
+    """onnxruntime 1.17-1.23's MaxUnpool (a MaxPool's gradient) stops with gsl's narrowing_error on a NaN input,
+    where later releases run and the loss shows the NaN: either way a NonFiniteError names the input and where."""
+    from onnxtrain.errors import NonFiniteError
+    from onnxtrain.runtime.engine_errors import run_session
+
+    class Refusing:
+        def run(self, *args, **kwargs):
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running "
+                               "MaxUnpool node. Name:'grad/MaxUnpool_61' Status Message: narrowing_error")
+
+    x = np.zeros((2, 1, 4, 4), np.float32)
+    x[1, 0, 2, 3] = np.nan
+    with pytest.raises(NonFiniteError, match=r"^the training step failed in a MaxUnpool node \('grad/MaxUnpool_61'\): "
+                                             r"narrowing_error; input 'x' holds nan at index \[1, 0, 2, 3\]"):
+        run_session(Refusing(), "training step", {"x": x, "labels": np.zeros(2, np.int64)})
+    with pytest.raises(ExecutionError, match="narrowing_error"):   # finite inputs: the engine's error as it is
+        run_session(Refusing(), "training step", {"x": np.zeros((2, 1, 4, 4), np.float32)})

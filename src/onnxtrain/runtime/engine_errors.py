@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import numpy as np
 
 from onnxtrain.conventions import CLASS_LOSSES
-from onnxtrain.errors import ExecutionError, OnnxTrainError
+from onnxtrain.errors import ExecutionError, NonFiniteError, OnnxTrainError
 
 __all__ = ["run_session"]
 
@@ -39,8 +40,22 @@ def run_session(session, what: str, *args, **kwargs) -> list[np.ndarray]:
         where = f" in a {node.group(1)} node" if node else ""
         where += f" ({node.group(2)!r})" if node and node.group(2) else ""
         index = node.group(1) in _INDEX_READERS if node else not _SHAPE_MESSAGE.search(str(exc))
+        failed = f"the {what} failed{where}: {_engine_message(exc)}"
+        nonfinite = _first_nonfinite(args[0] if args and isinstance(args[0], Mapping) else {})
+        if nonfinite:
+            # a kernel may stop on NaN where the loss would have shown it (MaxUnpool in onnxruntime 1.17-1.23)
+            raise NonFiniteError(f"{failed}; input {nonfinite}: check the inputs for NaN/inf") from None
         hint = ("check the inputs' shapes and values" if not index
                 else "check the input values, e.g. token ids must be below the embedding's vocabulary size"
                 if node and node.group(1) == "Gather"
                 else "check the input values, e.g. class labels must be below the number of classes")
-        raise ExecutionError(f"the {what} failed{where}: {_engine_message(exc)} ({hint})") from None
+        raise ExecutionError(f"{failed} ({hint})") from None
+
+
+def _first_nonfinite(feeds: Mapping[str, np.ndarray]) -> str:
+    """'x' holds nan at index [0, 0, 1, 2]: the first floating-point feed with a NaN or infinity, or ''."""
+    for name, array in feeds.items():
+        if isinstance(array, np.ndarray) and array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+            where = np.unravel_index(int(np.argmax(~np.isfinite(array))), array.shape)
+            return f"{name!r} holds {array[where]} at index {list(map(int, where))}"
+    return ""
