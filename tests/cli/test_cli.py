@@ -448,7 +448,7 @@ def test_a_metric_that_does_not_fit_the_task_is_named(tmp_path):
     assert run_cli("generate", tmp_path / "multilabel.onnx", "-o", tmp_path / "a", "--loss", "bce-with-logits",
                    "--additional-outputs", "y").returncode == 0
     assert_one_line_error(run_cli("eval", tmp_path / "a", "--data", tmp_path / "ml.npz", "--metrics", "accuracy"),
-                          "the metric 'accuracy' does not fit predictions of shape [40, 3]", "binary_accuracy")
+                          "--metrics accuracy does not fit these artifacts", "float32 targets", "binary_accuracy")
     proc = run_cli("eval", tmp_path / "a", "--data", tmp_path / "ml.npz", "--metrics", "binary_accuracy")
     assert proc.returncode == 0 and "binary_accuracy" in proc.stdout, proc.stderr
 

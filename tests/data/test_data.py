@@ -213,6 +213,8 @@ def test_fit_casts_and_reshapes(cnn_spec):
     (np.zeros((2, 1, 8, 8), np.uint8), np.array([0, 1]), "uint8.*--scale 255"),
     (np.zeros((2, 1, 8, 8), np.float32), np.array([0, 10]), r"label 10 \(example 1\).*\[0, 9\]"),
     (np.zeros((2, 1, 8, 8), np.float32), np.array([-1, 0]), "label -1"),
+    # torch's padding label without an ignore_index on the loss: say how to declare it
+    (np.zeros((2, 1, 8, 8), np.float32), np.array([0, -100]), r"label -100 .*--ignore-index -100$"),
     (np.zeros((2, 1, 8, 8), np.float32), np.array([0.5, 1.0]), "fractional"),
     # another number of values: no reshape to suggest (it would scramble or not fit)
     (np.zeros((2, 7), np.float32), np.array([0, 1]), r"\(64 values per example, these have 7\)$"),
@@ -297,3 +299,43 @@ def test_onert_raw_files_and_one_hot_labels(tmp_path):
                                                                                      ("N",)))
     with pytest.raises(DatasetError, match=r"look one-hot: .*np.argmax\(y, axis=-1\)"):
         fit_dataset(Dataset(x, np.eye(3, dtype=np.float32)[classes]), spec, "d")
+
+
+def test_raw_files_of_a_partial_float_and_npy_labels(tmp_path):
+    """A raw file whose size is not a multiple of 4 bytes was read short and reported as "250 float32 values";
+    an .npy label file given with a raw input was read as raw bytes (its header counted as values)."""
+    from onnxtrain.data import read_any
+
+    x = np.arange(24, dtype=np.float32).reshape(6, 4)
+    x.tofile(tmp_path / "input.bin")
+    (tmp_path / "odd.bin").write_bytes(x.tobytes() + b"\0\0")
+    np.save(tmp_path / "labels.npy", np.array([0, 1, 2, 0, 1, 2]))
+    ds = read_any(str(tmp_path / "input.bin"), labels=str(tmp_path / "labels.npy"), shape=(4,))
+    assert ds.y.tolist() == [0, 1, 2, 0, 1, 2] and ds.x.shape == (6, 4)
+    with pytest.raises(DatasetError, match=r"odd.bin is 98 bytes, not a whole number of float32 values"):
+        read_any(str(tmp_path / "odd.bin"), labels=str(tmp_path / "labels.npy"), shape=(4,))
+    with pytest.raises(DatasetError, match=r"file not found: .*missing.bin"):
+        read_any(str(tmp_path / "input.bin"), labels=str(tmp_path / "missing.bin"), shape=(4,))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["d.csv", "--labels", "y.npy"], "--labels applies to an .npy file or a raw .bin file, but INPUT d.csv is a CSV "
+                                     "file (its labels are one of its columns: --label-column)"),
+    (["d.csv", "--image-size", "8x8"], "--image-size applies to a folder of images"),
+    (["x.npy", "--labels", "y.npy", "--label-column", "0"], "--label-column applies to a CSV file"),
+    (["d.npz", "--color", "gray"], "--color applies to a folder of images, but INPUT d.npz is an .npz file"),
+])
+def test_an_option_for_another_kind_of_input_is_refused(tmp_path, capsys, monkeypatch, args, message):
+    """`onnxtrain data train.csv --labels y.npy` took the CSV's last column as the labels and ignored --labels."""
+    from onnxtrain.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    _csv(tmp_path, "a,b,label\n1,2,0\n3,4,1\n")
+    np.save(tmp_path / "x.npy", np.zeros((2, 3), np.float32))
+    np.save(tmp_path / "y.npy", np.array([0, 1]))
+    np.savez(tmp_path / "d.npz", x=np.zeros((2, 3), np.float32), y=np.array([0, 1]))
+    assert main(["data", *args, "-o", "out.npz"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("onnxtrain: error: ") and message in err, err
+    assert not (tmp_path / "out.npz").exists()
+    assert main(["data", args[0], *(["--labels", "y.npy"] if args[0] == "x.npy" else []), "-o", "out.npz"]) == 0

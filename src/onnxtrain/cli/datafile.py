@@ -16,7 +16,7 @@ import numpy as np
 
 from onnxtrain.cli.common import CliError
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "check_options_fit_input"]
 
 
 def _shape(text: str) -> tuple[int, ...]:
@@ -62,9 +62,46 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+# option -> (its default, the kinds of INPUT it applies to)
+_INPUT_OPTIONS = {
+    "labels": (None, ("npy", "raw")), "x_key": ("x", ("npz",)), "y_key": ("y", ("npz",)),
+    "label_column": ("-1", ("csv",)), "delimiter": (None, ("csv",)), "header": ("auto", ("csv",)),
+    "image_size": (None, ("folder",)), "color": ("auto", ("folder",)),
+}
+_KIND_NAMES = {"npy": "an .npy file", "raw": "a raw .bin file", "npz": "an .npz file", "csv": "a CSV file",
+               "folder": "a folder of images"}
+
+
+def _input_kind(path: str) -> str | None:
+    import os
+
+    from onnxtrain.data.convert import RAW_EXTENSIONS
+
+    if os.path.isdir(path):
+        return "folder"
+    ext = os.path.splitext(path)[1].lower()
+    return {".npz": "npz", ".npy": "npy", ".csv": "csv", ".tsv": "csv", ".txt": "csv",
+            **dict.fromkeys(RAW_EXTENSIONS, "raw")}.get(ext)
+
+
+def check_options_fit_input(args: argparse.Namespace) -> None:
+    """An option for another kind of INPUT (--labels with a CSV file, --image-size with an .npz...) would be
+    ignored without a word; it is an error instead."""
+    kind = _input_kind(args.input)
+    if kind is None:
+        return  # read_any names the unknown file type
+    for option, (default, kinds) in _INPUT_OPTIONS.items():
+        if getattr(args, option) != default and kind not in kinds:
+            flag = "--" + option.replace("_", "-")
+            hint = " (its labels are one of its columns: --label-column)" if (kind, option) == ("csv", "labels") else ""
+            raise CliError(f"{flag} applies to {' or '.join(_KIND_NAMES[k] for k in kinds)}, but INPUT "
+                           f"{args.input} is {_KIND_NAMES[kind]}{hint}")
+
+
 def run(args: argparse.Namespace) -> int:
     from onnxtrain.data import Dataset, DatasetError, read_any, reshape, save_dataset
 
+    check_options_fit_input(args)
     header = {"auto": None, "yes": True, "no": False}[args.header]
     ds = read_any(args.input, labels=args.labels, x_key=args.x_key, y_key=args.y_key,
                   label_column=args.label_column, delimiter=args.delimiter, header=header,

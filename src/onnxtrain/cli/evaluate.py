@@ -7,7 +7,7 @@ import json
 
 from onnxtrain.cli.common import Artifacts, quiet_onnxruntime, read_model
 from onnxtrain.cli.progress import PROGRESS_MODES, Progress
-from onnxtrain.cli.train import _metrics_list, default_metrics
+from onnxtrain.cli.train import _metrics_list, fitting_metrics, load_for
 
 __all__ = ["add_parser", "run"]
 
@@ -18,11 +18,12 @@ def add_parser(sub) -> None:
     p.add_argument("--data", required=True, metavar="DATA.npz", help="the dataset (see `onnxtrain data`)")
     p.add_argument("--checkpoint", metavar="last|best|initial|PATH",
                    help="which weights (default: the last training checkpoint, else the initial one)")
-    p.add_argument("--metrics", type=_metrics_list, help="metrics besides the loss (default: accuracy for "
-                   "classification)")
+    p.add_argument("--metrics", type=_metrics_list, help="metrics besides the loss, comma-separated: accuracy, "
+                   "top5_accuracy, binary_accuracy, mse, mae (default: accuracy for classification)")
     p.add_argument("--batch-size", type=int, default=256, help="examples per eval step (default 256)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--progress", choices=PROGRESS_MODES, default="auto")
+    p.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
+                   help="progress display: a tqdm bar on a terminal, plain lines otherwise (default auto)")
     p.add_argument("--prefix", default="", help="the file-name prefix given to generate")
     p.set_defaults(run=run)
 
@@ -30,7 +31,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from onnxtrain.api import CheckpointState, Module
     from onnxtrain.cli.common import CliError
-    from onnxtrain.data import data_spec, fit_dataset, load_dataset
+    from onnxtrain.data import data_spec
     from onnxtrain.runtime.loop import batches, check_metrics, evaluate, format_metrics, num_batches
 
     if args.batch_size < 1:
@@ -39,8 +40,9 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = artifacts.resolve_checkpoint(args.checkpoint)
     eval_model = read_model(artifacts.eval, "eval model")
     spec = data_spec(eval_model)
-    metrics = check_metrics(args.metrics if args.metrics is not None else default_metrics(spec), spec.predictions)
-    x, y = fit_dataset(load_dataset(args.data, spec.names), spec, args.data)
+    check_metrics(args.metrics or [], spec.predictions)
+    x, y = load_for(args.data, spec)
+    metrics = fitting_metrics(args.metrics, spec, y)
     quiet_onnxruntime()
     state = CheckpointState.load_checkpoint(checkpoint)
     module = Module(read_model(artifacts.training, "training model"), state, eval_model)

@@ -3,6 +3,9 @@
 Training options given here (`--epochs`, `--batch-size`, `--lr`, ...) are stored in the training model's
 metadata (`onnxtrain.train_config`, JSON), so the artifacts carry their recipe; `onnxtrain train` reads them
 and its own command line overrides them.
+
+Generating into a folder that `onnxtrain train` has trained moves that run (`DIR/run/`) into `DIR/run/previous/`:
+its checkpoints belong to the artifacts written there before.
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ import json
 import os
 
 from onnxtrain.builtins import LossType, OptimType
-from onnxtrain.cli.common import TRAIN_CONFIG_KEY, CliError, read_model
+from onnxtrain.cli.common import RUN_DIR, TRAIN_CONFIG_KEY, CliError, read_model
 from onnxtrain.cli.lora import add_lora_options, lora_config
 from onnxtrain.cli.train import add_train_options, given_options, resolve_options
 
-__all__ = ["add_parser", "run", "LOSSES", "OPTIMIZERS", "loss_block", "optimizer_block"]
+__all__ = ["add_parser", "run", "LOSSES", "OPTIMIZERS", "loss_block", "optimizer_block", "set_aside_run"]
 
 # command-line name -> built-in, from the artifacts' one table of them
 LOSSES = {t.cli_name: t for t in LossType}
@@ -76,7 +79,8 @@ def add_parser(sub) -> None:
                    help="parameters to train, by name or glob (default: every float weight)")
     g.add_argument("--frozen", nargs="+", metavar="NAME", help="parameters to keep fixed, by name or glob")
     g.add_argument("--trainable-ops", type=int, default=-1, metavar="N",
-                   help="train only the parameters of the last N nodes (default -1: all)")
+                   help="train only the parameters of the last N ops (a node that only prepares a weight, such as "
+                        "an exporter's Transpose(W), is part of the op that reads it; default -1: all)")
     add_lora_options(p)
     g = p.add_argument_group("output")
     g.add_argument("--additional-outputs", nargs="*", metavar="NAME",
@@ -132,6 +136,16 @@ def optimizer_block(args: argparse.Namespace):
     return OPTIMIZERS[name].block_class(**kwargs)
 
 
+def set_aside_run(directory: str, prefix: str = "") -> str | None:
+    """Move the run that `onnxtrain train` left in ``directory`` (checkpoints of the artifacts written there
+    before) into its ``previous/`` folder, so that no command mistakes them for the new artifacts' (train --resume,
+    eval and export pick run/last.ckpt by default). Returns that folder, or None if there was no run."""
+    from onnxtrain.cli.train import RUN_FILES, _set_aside
+
+    run_dir = os.path.join(directory, prefix + RUN_DIR)
+    return _set_aside(run_dir, [os.path.join(run_dir, f) for f in RUN_FILES])
+
+
 def run(args: argparse.Namespace) -> int:
     from onnxtrain.artifacts import generate_artifacts
     from onnxtrain.artifacts.generate import convert_to_ort
@@ -165,6 +179,10 @@ def run(args: argparse.Namespace) -> int:
     if args.ort_format:
         convert_to_ort([paths[k] for k in ("training", "eval", "optimizer") if k in paths])
     print(f"wrote {', '.join(os.path.basename(p) for p in paths.values())} to {args.output}")
+    kept = set_aside_run(args.output, args.prefix)
+    if kept:
+        print(f"the folder held a training run of the artifacts it had before; its files are kept in {kept} "
+              "(eval and export use the new initial checkpoint)")
     for line in artifact_summary(args.output, args.prefix):
         print(line)
     return 0

@@ -167,9 +167,15 @@ def _artifact_lines(info: dict) -> list[str]:
         lines.append("train config: " + " ".join(f"{k}={v}" for k, v in info["train_config"].items()))
     for which, run in info.get("run", {}).items():
         p = run["progress"] or {}
-        lines.append(f"run ({which}):  {run['path']}: {p.get('epoch', '?')} epochs done" +
-                     (f" + {p['batch']} batches" if p.get("batch") else "") + f", step {p.get('global_step', '?')}")
+        lines.append(f"run ({which}):  {run['path']}: {_count(p.get('epoch', '?'), 'epoch')} done" +
+                     (f" + {_count(p['batch'], 'batch')}" if p.get("batch") else "")
+                     + f", step {p.get('global_step', '?')}")
     return lines
+
+
+def _count(n, word: str) -> str:
+    """`1 epoch`, `2 epochs`, `1 batch`, `3 batches` (`? epochs` when unknown)."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}es" if word == "batch" else f"{n} {word}s"
 
 
 def _model_lines(info: dict) -> list[str]:

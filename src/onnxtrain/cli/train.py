@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -34,9 +35,10 @@ from onnxtrain.cli.progress import PROGRESS_MODES, Progress
 from onnxtrain.errors import NonFiniteError
 
 __all__ = ["TrainOptions", "FitResult", "add_train_options", "resolve_options", "given_options", "fit",
-           "add_parser"]
+           "add_parser", "metric_misfit", "fitting_metrics", "load_for"]
 
 PROGRESS_KEY = "onnxtrain.progress"
+RUN_FILES = ("last.ckpt", "best.ckpt", "training_curve.png", "metrics.jsonl")  # what a run writes in DIR/run/
 SCHEDULERS = ("none", "linear", "cosine", "step")
 
 
@@ -224,6 +226,7 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
             (default DIR/run/metrics.jsonl); header: logged once the checkpoint and models are loaded.
     """
     from onnxtrain.api import CheckpointState, Module, Optimizer
+    from onnxtrain.conventions import TrainingMeta
     from onnxtrain.runtime.loop import Totals, batches, evaluate, format_metrics, num_batches, train_epoch
 
     quiet_onnxruntime()
@@ -235,9 +238,13 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
     if artifacts.optimizer is None:
         raise CliError(f"{artifacts.directory} has no optimizer model, so it cannot be trained; regenerate it with "
                        "`onnxtrain generate MODEL.onnx -o DIR --optimizer adamw`")
+    training_model = read_model(artifacts.training, "training model")
+    if not TrainingMeta.from_model(training_model).trainable:
+        raise CliError(f"{artifacts.directory} has no trainable parameters (every one is frozen), so training would "
+                       "change nothing; regenerate it with the parameters to train (--requires-grad NAME ...)")
     start_checkpoint = check_run_dir(artifacts, resume, restart)
     state = CheckpointState.load_checkpoint(start_checkpoint)
-    module = Module(read_model(artifacts.training, "training model"), state,
+    module = Module(training_model, state,
                     read_model(artifacts.eval, "eval model"), on_nonfinite="raise")
     optimizer = Optimizer(artifacts.optimizer, module)
 
@@ -259,7 +266,15 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
         raise CliError(f"the run in {run_dir} stopped in epoch {done['epoch'] + 1} after {done['batch']} batches of "
                        f"{done.get('batch_size')} over {done.get('examples')} examples; resume it with the same "
                        f"--batch-size and data (here {opts.batch_size} and {len(x)}), or start over with --restart")
-    done.update(batch_size=opts.batch_size, examples=len(x))
+    labels_crc = zlib.crc32(np.ascontiguousarray(y).tobytes())  # the same examples in the same shuffled order
+    if resume and done["batch"] and (done.get("seed", opts.seed), done.get("labels_crc", labels_crc)) != (
+            opts.seed, labels_crc):
+        changed = (f"--seed {opts.seed} differs from that run's ({done['seed']})" if done.get("seed", opts.seed)
+                   != opts.seed else "the labels of the data differ from that run's")
+        raise CliError(f"the run in {run_dir} stopped in epoch {done['epoch'] + 1} after {done['batch']} batches; "
+                       f"{changed}, so the rest of the epoch would not be the examples it has not seen yet: resume "
+                       "it with the same --seed and data, or start over with --restart")
+    done.update(batch_size=opts.batch_size, examples=len(x), seed=opts.seed, labels_crc=labels_crc)
     steps_per_epoch = num_batches(len(x), opts.batch_size)
     scheduler = _make_scheduler(optimizer, opts, steps_per_epoch)
     if scheduler is not None and done["global_step"]:
@@ -290,6 +305,8 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
                 steps_before, examples_before = totals.steps, totals.num_examples
                 desc = f"epoch {epoch + 1}/{opts.epochs}"
                 lr_start = optimizer.get_learning_rate()
+                if skip and "lr_start" in done:  # the epoch's first rate, not that of the step it resumes at
+                    lr_start = done["lr_start"]
                 data = batches(x, y, opts.batch_size, shuffle=True, seed=opts.seed, epoch=epoch, skip=skip)
                 try:
                     with progress.epoch(desc, steps_per_epoch - skip, len(x) - skip * opts.batch_size) as update:
@@ -307,7 +324,8 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
                     if res.steps >= steps_per_epoch:  # stopped on the epoch's last step: finish the epoch normally
                         stop.requested, res.stopped = True, False
                     else:
-                        _save(state, last, {**done, "epoch": epoch, "batch": res.steps, "totals": asdict(res.totals)})
+                        _save(state, last, {**done, "epoch": epoch, "batch": res.steps, "totals": asdict(res.totals),
+                                            "lr_start": lr_start})
                         record({"event": "interrupted", "epoch": epoch + 1, "batch": res.steps, "time": time.time()})
                         log(f"interrupted in epoch {epoch + 1} after {res.steps}/{steps_per_epoch} batches; "
                             f"saved {last} (continue with --resume)")
@@ -331,6 +349,7 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
                 if improved:
                     done["best"], done["best_epoch"] = score, epoch + 1
                 done.update(epoch=epoch + 1, batch=0, totals=None)
+                done.pop("lr_start", None)
                 _save(state, last, done)
                 if improved:
                     _save(state, best, done)
@@ -389,22 +408,105 @@ def default_metrics(spec) -> list[str]:
     return ["accuracy"] if spec.predictions is not None and spec.num_classes is not None else []
 
 
+def _dims(shape) -> str:
+    return "[" + ", ".join(["N", *(str(d) if isinstance(d, int) else "?" for d in shape)]) + "]"
+
+
+def _class_axis(scores: list, labels: list) -> int | None:
+    """Where the class scores are in predictions shaped [N, *scores] for labels shaped [N, *labels], as
+    onnxtrain.runtime.loop reads them: 0 ([N, classes, ...], torch's layout, preferred), -1 ([N, ..., classes], a
+    tagger's or language model's), None when neither fits (run-time sizes fit any size)."""
+    def fits(rest: list) -> bool:
+        return all(not isinstance(s, int) or s == n for s, n in zip(rest, labels))
+
+    if len(scores) != len(labels) + 1:
+        return None
+    return 0 if fits(scores[1:]) else -1 if fits(scores[:-1]) else None
+
+
+def metric_misfit(name: str, prediction_shape: tuple | None, y: np.ndarray) -> str | None:
+    """Why the metric ``name`` cannot compare predictions of ``prediction_shape`` (the model output's static
+    shape) with the labels ``y`` as onnxtrain.runtime.loop computes it, or None when it fits (or is unknown)."""
+    if prediction_shape is None or len(prediction_shape) == 0:
+        return None
+    scores, labels = list(prediction_shape[1:]), list(y.shape[1:])
+    if name in ("accuracy", "top5_accuracy"):
+        if y.dtype.kind not in "iu":
+            return f"it compares class scores with integer class indices, but the labels are {y.dtype} targets"
+        axis = _class_axis(scores, labels)
+        if axis is None:
+            return (f"it reads class scores (one more axis than the labels), but the predictions have shape "
+                    f"{_dims(scores)} and the labels {_dims(labels)}" if len(scores) != len(labels) + 1 else
+                    f"it reads the class scores on axis 1 or the last axis, but the predictions have shape "
+                    f"{_dims(scores)} for labels of shape {_dims(labels)}")
+        if name == "top5_accuracy" and isinstance(scores[axis], int) and scores[axis] <= 5:
+            return f"with {scores[axis]} classes every label is among the top 5"
+        return None
+    if all(isinstance(d, int) for d in scores) and int(np.prod(scores)) != int(np.prod(labels)):
+        return (f"it compares each prediction with one label, but the predictions have shape {_dims(scores)} and "
+                f"the labels {_dims(labels)}")
+    return None
+
+
+def fitting_metrics(requested: list[str] | None, spec, y: np.ndarray) -> list[str]:
+    """The metrics to compute: ``requested`` (an error names one that does not fit the predictions and labels),
+    or by default those of default_metrics(spec) that fit."""
+    if requested is None:
+        return [m for m in default_metrics(spec) if metric_misfit(m, spec.prediction_shape, y) is None]
+    for name in requested:
+        why = metric_misfit(name, spec.prediction_shape, y)
+        if why is not None:
+            raise CliError(f"--metrics {name} does not fit these artifacts: {why}; accuracy and top5_accuracy fit "
+                           "class scores, binary_accuracy one logit per label, mse and mae regression outputs")
+    return list(requested)
+
+
+def load_for(path: str, spec, what: str = "--data"):
+    """The dataset file ``path`` fitted to ``spec``, without the examples whose every label is ignored (a warning
+    says how many; none left is an error)."""
+    import warnings
+
+    from onnxtrain.data import fit_dataset, load_dataset
+    from onnxtrain.data.match import drop_fully_ignored
+
+    x, y, dropped = drop_fully_ignored(*fit_dataset(load_dataset(path, spec.names), spec, path), spec)
+    if dropped and len(y) == 0:
+        raise CliError(f"{what} {path}: every label is the loss's ignore_index {spec.ignore_index}, so there is "
+                       "nothing to learn or measure")
+    if dropped:
+        warnings.warn(f"{path}: {dropped} examples whose every label is the ignore_index {spec.ignore_index} add "
+                      "nothing to the loss and are left out", stacklevel=2)
+    return x, y
+
+
+def _check_log_path(path: str) -> None:
+    """--log must name a file in an existing folder (checked before a run sets the previous one aside)."""
+    if os.path.isdir(path):
+        raise CliError(f"--log {path} is a folder; expected the path of the JSON-lines file to write")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise CliError(f"--log {path}: the folder {folder} does not exist")
+
+
 def run(args: argparse.Namespace) -> int:
-    from onnxtrain.data import data_spec, fit_dataset, load_dataset
+    from onnxtrain.data import data_spec
     from onnxtrain.runtime.loop import check_metrics
 
     if args.resume and args.restart:
         raise CliError("--resume and --restart exclude each other")
     artifacts = Artifacts.locate(args.dir, args.prefix)
     check_run_dir(artifacts, args.resume, args.restart)
+    if args.log is not None:
+        _check_log_path(args.log)
     training_model = read_model(artifacts.training, "training model")
     opts = resolve_options(given_options(args), stored_train_config(training_model))
     if args.val and opts.val_split:
         raise CliError("give either --val or --val-split, not both")
     spec = data_spec(training_model)
-    metrics = check_metrics(opts.metrics if opts.metrics is not None else default_metrics(spec), spec.predictions)
-    x, y = fit_dataset(load_dataset(args.data, spec.names), spec, args.data)
-    val = fit_dataset(load_dataset(args.val, spec.names), spec, args.val) if args.val else None
+    check_metrics(opts.metrics or [], spec.predictions)
+    x, y = load_for(args.data, spec)
+    metrics = fitting_metrics(opts.metrics, spec, y)
+    val = load_for(args.val, spec, "--val") if args.val else None
     if opts.val_split:
         n_val = int(round(len(x) * opts.val_split))
         if n_val < 1 or n_val >= len(x):

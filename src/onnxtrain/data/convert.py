@@ -209,6 +209,17 @@ def read_image_folder(path: str, size: tuple[int, int] | None = None, color: str
 RAW_EXTENSIONS = (".bin", ".raw", ".dat")
 
 
+def _raw_float32(path: str) -> np.ndarray:
+    """The little-endian float32 values of a raw file; a DatasetError if its size is not a whole number of them."""
+    if not os.path.isfile(path):
+        raise DatasetError(f"file not found: {path}")
+    size = os.path.getsize(path)
+    if size % 4:
+        raise DatasetError(f"{path} is {size} bytes, not a whole number of float32 values (4 bytes each); a raw "
+                           "data file holds float32 values only")
+    return np.fromfile(path, dtype="<f4")
+
+
 def read_raw(path: str, labels: str | None, shape: Sequence[int] | None, keep_one_hot: bool = False) -> Dataset:
     """ONERT's raw data files (``onert_train --load_input:raw``, as ``generate_datafile`` writes them): the
     examples' float32 values one after the other, ``shape`` per example, and the expected outputs likewise. One-hot
@@ -220,12 +231,12 @@ def read_raw(path: str, labels: str | None, shape: Sequence[int] | None, keep_on
         raise DatasetError(f"{path} is a raw file of float32 values with no shape: give each example's with "
                            "--shape (e.g. --shape 1,28,28)")
     per_example = int(np.prod(shape))
-    x = np.fromfile(path, dtype="<f4")
+    x = _raw_float32(path)
     if x.size == 0 or x.size % per_example:
         raise DatasetError(f"{path} holds {x.size} float32 values, not a whole number of examples of shape "
                            f"{list(shape)} ({per_example} values each)")
     x = x.reshape(-1, *shape)
-    y = np.fromfile(labels, dtype="<f4")
+    y = np.load(labels, allow_pickle=False).ravel() if labels.lower().endswith(".npy") else _raw_float32(labels)
     if y.size == 0 or y.size % len(x):
         raise DatasetError(f"{labels} holds {y.size} float32 values, not the same number for each of the "
                            f"{len(x)} examples of {path}")

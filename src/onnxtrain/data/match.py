@@ -22,7 +22,7 @@ from onnxtrain.runtime.backends.base import TensorMeta, graph_io
 from onnxtrain.runtime.inputs import class_label_inputs, describe
 from onnxtrain.runtime.loop import Inputs
 
-__all__ = ["DataSpec", "data_spec", "fit_dataset"]
+__all__ = ["DataSpec", "data_spec", "fit_dataset", "drop_fully_ignored"]
 
 
 @dataclass
@@ -36,6 +36,7 @@ class DataSpec:
     ignore_index: int | None = None   # ... or equal this
     predictions: str | None = None    # the output the metrics read (first additional output)
     extra_inputs: list[TensorMeta] = field(default_factory=list)
+    prediction_shape: tuple | None = None  # the predictions output's shape (ints; str/None: symbolic), if known
 
     @property
     def inputs(self) -> list[TensorMeta]:
@@ -63,6 +64,10 @@ def data_spec(model: onnx.ModelProto) -> DataSpec:
     spec = DataSpec(metas[meta.user_inputs[0]], metas[meta.labels[0]],
                     predictions=(meta.additional_outputs or [None])[0],
                     extra_inputs=[metas[n] for n in meta.user_inputs[1:]])
+    if spec.predictions is not None:
+        outputs = {m.name: m for m in graph_io(model.graph.output)}
+        if spec.predictions in outputs:
+            spec.prediction_shape = outputs[spec.predictions].shape
     labels = class_label_inputs(model).get(spec.label.name)
     if labels is not None:
         spec.ignore_index, spec.num_classes = labels.ignore_index, labels.classes
@@ -160,9 +165,12 @@ def _fit_labels(y: np.ndarray, spec: DataSpec, where: str) -> np.ndarray:
             if not np.all(valid):
                 flat, flat_valid = y.reshape(len(y), -1), valid.reshape(len(y), -1)
                 example, position = (int(i) for i in np.argwhere(~flat_valid)[0])
-                raise DatasetError(f"{where}: label {int(flat[example, position])} (example {example}) is out of "
-                                   f"range: the model has {spec.num_classes} classes, so labels must lie in "
-                                   f"[0, {spec.num_classes - 1}]")
+                value = int(flat[example, position])
+                hint = (f"; to skip such positions (padding), generate the artifacts with --ignore-index {value}"
+                        if value < 0 and spec.ignore_index is None else "")
+                raise DatasetError(f"{where}: label {value} (example {example}) is out of range: the model has "
+                                   f"{spec.num_classes} classes, so labels must lie in [0, {spec.num_classes - 1}]"
+                                   f"{hint}")
     elif want_y.dtype.kind == "f":
         if y.dtype.kind not in "fiub":
             raise DatasetError(f"{where}: the labels y are {y.dtype}; the model's {want_y.name!r} takes "
@@ -173,3 +181,18 @@ def _fit_labels(y: np.ndarray, spec: DataSpec, where: str) -> np.ndarray:
     hint = "; they look one-hot: store class indices instead, np.argmax(y, axis=-1)" if one_hot else ""
     y = _fit_shape(y, want_y.shape, "the labels y", want_y.name, where, hint)
     return np.asarray(y, order="C")
+
+
+def drop_fully_ignored(x: np.ndarray | Inputs, y: np.ndarray, spec: DataSpec) -> tuple[np.ndarray | Inputs, np.ndarray,
+                                                                                          int]:
+    """(x, y) without the examples whose every label is the loss's ignore_index, and how many were left out.
+
+    Such an example adds nothing to a mean loss, but a batch made of them only has a mean over no labels:
+    NaN, which stops training as a diverged loss and turns an eval's mean into NaN."""
+    if spec.ignore_index is None or y.dtype.kind not in "iu":
+        return x, y, 0
+    keep = np.any(y.reshape(len(y), -1) != spec.ignore_index, axis=1)
+    if keep.all():
+        return x, y, 0
+    index = np.flatnonzero(keep)
+    return x[index], y[index], int(len(y) - len(index))

@@ -63,17 +63,26 @@ def _class_indices(pred: np.ndarray, y: np.ndarray) -> None:
                          f"these labels are {y.dtype}")
 
 
+def _class_axis(pred: np.ndarray, y: np.ndarray) -> int:
+    """1 for [N, C, ...] scores (torch's layout), -1 for [N, ..., C] (a tagger's or language model's, class_axis=-1)
+    when only that layout matches the labels."""
+    if pred.shape[:1] + pred.shape[2:] != y.shape and pred.shape[:-1] == y.shape:
+        return -1
+    return 1
+
+
 def _accuracy(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
-    """Class scores on axis 1 (argmax) against class indices."""
+    """Class scores on axis 1 (or the last axis, see _class_axis) (argmax) against class indices."""
     _class_indices(pred, y)
-    return float(np.sum(np.argmax(pred, axis=1) == y)), int(y.size)
+    return float(np.sum(np.argmax(pred, axis=_class_axis(pred, y)) == y)), int(y.size)
 
 
 def _top5(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
     _class_indices(pred, y)
-    if pred.shape[1] <= 5:
-        raise ValueError(f"with {pred.shape[1]} classes every label is among the top 5, so it is always 100%")
-    top = np.argpartition(-pred, 4, axis=1)[:, :5]
+    axis = _class_axis(pred, y)
+    if pred.shape[axis] <= 5:
+        raise ValueError(f"with {pred.shape[axis]} classes every label is among the top 5, so it is always 100%")
+    top = np.moveaxis(np.argpartition(-pred, 4, axis=axis), axis, 1)[:, :5]
     return float(np.sum(np.any(top == np.expand_dims(y, 1), axis=1))), int(y.size)
 
 
