@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import os
 from collections.abc import Iterator, Sequence
 
@@ -62,6 +63,7 @@ class Block(_base.Block):
         return current_accessor().infer_shapes()
 
     def __call__(self, *args, **kwargs):
+        _check_arguments(self, args, kwargs)
         accessor = innermost_accessor()
         start = len(accessor.model.graph.node) if accessor is not None else 0
         with calling(self):
@@ -86,6 +88,23 @@ class Block(_base.Block):
                 yield
         finally:
             _BUILDING.pop()
+
+
+def _check_arguments(block: Block, args: tuple, kwargs: dict, as_loss: bool = True) -> None:
+    """A call whose inputs ``build`` cannot take is a TypeError naming the block and the inputs it was given (a
+    custom loss given to generate_artifacts gets every model output, or ``loss_input_names``, as the peer's)."""
+    try:
+        inspect.signature(block.build).bind(*args, **kwargs)
+    except TypeError as exc:
+        given = [str(a) if isinstance(a, str) else type(a).__name__ for a in args]
+        named = f" and {sorted(kwargs)}" if kwargs else ""
+        users = as_loss and not type(block).__module__.startswith("onnxtrain.")
+        hint = (" (a custom loss given to generate_artifacts gets every output of the model, or the values named in "
+                "loss_input_names)") if users else ""
+        raise TypeError(f"{type(block).__name__} was called with {len(args)} input(s) {given}{named}, which its "
+                        f"build{inspect.signature(block.build)} does not take: {exc}{hint}") from None
+    except ValueError:  # no signature to check (a builtin): build() itself will say
+        pass
 
 
 class Add(Block, _ops.Add):

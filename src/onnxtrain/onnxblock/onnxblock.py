@@ -13,13 +13,14 @@ import onnx
 from onnx import numpy_helper
 
 from onnxtrain.blocks.model_accessor import ModelAccessor, calling, current_accessor
-from onnxtrain.onnxblock.blocks import Block
+from onnxtrain.onnxblock.blocks import Block, _check_arguments
 
 __all__ = ["ForwardBlock", "TrainingBlock"]
 
 
 def _built(block: Block, accessor: ModelAccessor, args, kwargs):
     """``block.build(*args, **kwargs)``, its nodes checked as every block's (:meth:`Block.__call__`)."""
+    _check_arguments(block, args, kwargs, as_loss=False)
     start = len(accessor.model.graph.node)
     with calling(block):
         output = block.build(*args, **kwargs)

@@ -124,9 +124,13 @@ class SGD(_SequenceOptimizer):
         super().__init__(_optim.SGD(), clip_grad)
 
 
-def flat_optimizer_model(model: onnx.ModelProto, params: dict[str, np.ndarray]) -> onnx.ModelProto | None:
+def flat_optimizer_model(model: onnx.ModelProto, params: dict[str, np.ndarray],
+                         opset: int | None = None) -> onnx.ModelProto | None:
     """onnxtrain's flat optimizer model for ``params`` (name -> value, in the Module's order) with the rule recorded
-    in ``model`` by an onnxblock optimizer; None if ``model`` has no such record."""
+    in ``model`` by an onnxblock optimizer; None if ``model`` has no such record.
+
+    ``opset``: the training model's default opset, which the flat model then uses (as generate_artifacts' optimizer
+    model does), so that the runtime can fuse the two graphs; None: the opset of ``model``, at most 17."""
     from onnxtrain.artifacts.optimizer import build_optimizer_model
 
     text = next((p.value for p in model.metadata_props if p.key == RULE_KEY), None)
@@ -141,7 +145,8 @@ def flat_optimizer_model(model: onnx.ModelProto, params: dict[str, np.ndarray]) 
     if record["type"] == "SGD":
         config.pop("betas")
     rule = _RULES[record["type"]](**config)
-    # The flat update uses ops of opset 13 or older; empty_base() defaults to the newest opset the onnx package
-    # knows, which an older onnxruntime (1.17 runs up to opset 20) would refuse for no reason.
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    return build_optimizer_model(rule, params, min(opset, 17))
+    if opset is None:
+        # The flat update uses ops of opset 13 or older; empty_base() defaults to the newest opset the onnx package
+        # knows, which an older onnxruntime (1.17 runs up to opset 20) would refuse for no reason.
+        opset = min(next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    return build_optimizer_model(rule, params, opset)

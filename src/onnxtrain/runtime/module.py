@@ -20,6 +20,13 @@ def _is_ortvalue(value) -> bool:
     return type(value).__name__ == "OrtValue"
 
 
+def _peer_device(device):
+    """The peer's ``"cpu:<id>"`` (its ``device.split(":")``) is the CPU; other devices are checked by the backend."""
+    if isinstance(device, str) and device.startswith("cpu:") and device[4:].isdigit():
+        return "cpu"
+    return device
+
+
 class Module:
     """The trainable model: ``loss = module(inputs..., labels...)`` runs a training step in training mode
     (accumulating gradients) and an evaluation in eval mode.
@@ -28,7 +35,7 @@ class Module:
         train_model_uri: the training model written by generate_artifacts.
         state: the CheckpointState holding the parameters.
         eval_model_uri: the eval model (needed for eval mode and export).
-        device: "cpu" (onnxruntime) or "reference" (onnx.reference, pure Python).
+        device: "cpu" (onnxruntime; the peer's "cpu:0" too) or "reference" (onnx.reference, pure Python).
         session_options: onnxruntime.SessionOptions for the sessions.
         on_nonfinite: what a NaN/inf loss does: "skip" (default: the next optimizer step is skipped and a
             warning is issued) or "raise" (NonFiniteError).
@@ -46,9 +53,13 @@ class Module:
         if on_nonfinite not in ("skip", "raise"):
             raise ValueError(f"on_nonfinite must be 'skip' or 'raise', got {on_nonfinite!r}")
         self.on_nonfinite = on_nonfinite
+        device = _peer_device(device)
         train_model = load_model(train_model_uri, "training model")
         eval_model = load_model(eval_model_uri, "eval model") if eval_model_uri is not None else None
         self.training_run = TrainingRun(state.values, train_model, eval_model, device, session_options)
+        # The peer's Module keeps its CheckpointState as `_state`, and published scripts reach it there
+        # (`CheckpointState.save_checkpoint(model._state, path)`, `model._state.parameters[name].data = ...`).
+        self._state = state
         self._train_names = [m.name for m in self.training_run.train_inputs]
         self.training = True
         self.nonfinite_steps = 0

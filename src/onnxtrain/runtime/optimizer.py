@@ -15,12 +15,16 @@ __all__ = ["Optimizer"]
 _ONNXBLOCK_RULE = "onnxtrain.onnxblock_optimizer"  # onnxtrain.onnxblock.optim.RULE_KEY, without importing it
 
 
-def _from_onnxblock(model, values):
-    """An onnxblock.optim model (sequences in, sequences out) as the same rule over the Module's flat vectors."""
+def _from_onnxblock(model, run):
+    """An onnxblock.optim model (sequences in, sequences out) as the same rule over the Module's flat vectors, in
+    the training model's opset (the runtime fuses the two graphs only when they share it)."""
+    from onnxtrain.ir.passes import default_opset
     from onnxtrain.onnxblock.optim import flat_optimizer_model
 
+    values = run.values
     zero = np.zeros((), values.params.dtype)  # only shapes and dtype matter (values may be nominal)
-    return flat_optimizer_model(model, {n: np.broadcast_to(zero, s) for n, s in values.params.layout})
+    return flat_optimizer_model(model, {n: np.broadcast_to(zero, s) for n, s in values.params.layout},
+                                default_opset(run.train_model))
 
 
 class Optimizer:
@@ -41,7 +45,7 @@ class Optimizer:
         model = load_model(optimizer_uri, "optimizer model")
         self._run = module.training_run
         if any(p.key == _ONNXBLOCK_RULE for p in model.metadata_props):
-            model = _from_onnxblock(model, self._run.values)
+            model = _from_onnxblock(model, self._run)
         self._update = self._run.attach_optimizer(model)
         self.state_names = tuple(self._update.meta.states)
         self.config = self._update.meta.config

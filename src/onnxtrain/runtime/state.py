@@ -65,7 +65,8 @@ class Parameters:
                            f"(e.g. {self.keys()[:5]})")
         if name in self._values.unloaded:
             raise RuntimeError(f"Please load the parameter states first: {name!r} comes from a nominal checkpoint "
-                               "(shapes only); Module.copy_buffer_to_parameters(buffer) loads the values")
+                               "(shapes only); Module.copy_buffer_to_parameters(buffer, trainable_only=False) loads "
+                               "the values")
         return Parameter(self._values, name)
 
     def __setitem__(self, name: str, value: np.ndarray) -> None:
@@ -193,6 +194,21 @@ def _property_value(key: str, value: object) -> int | float | str:
                     f"{type(value).__name__}")
 
 
+_LONGEST_PATH = 4096
+
+
+def _checkpoint_path(uri, what: str) -> str | os.PathLike:
+    """``uri`` as a path: a bytes path is decoded (the peer's binding takes one); bytes that cannot be a path (a
+    checkpoint read into memory) are a TypeError saying so."""
+    if isinstance(uri, (bytes, bytearray, memoryview)):
+        raw = bytes(uri)
+        if b"\0" in raw or len(raw) > _LONGEST_PATH:
+            raise TypeError(f"CheckpointState.{what} takes the checkpoint's path, got {len(raw)} bytes that are not "
+                            "a path (a checkpoint's content?): write them to a file and pass its path")
+        return os.fsdecode(raw)
+    return uri
+
+
 class CheckpointState:
     """Parameters, buffers, optimizer state and properties of a checkpoint while it trains.
 
@@ -225,14 +241,40 @@ class CheckpointState:
     @classmethod
     def load_checkpoint(cls, checkpoint_uri: str | os.PathLike) -> CheckpointState:
         """Load a checkpoint file written by generate_artifacts or save_checkpoint."""
-        return cls(load_checkpoint(checkpoint_uri))
+        return cls(load_checkpoint(_checkpoint_path(checkpoint_uri, "load_checkpoint")))
 
     @classmethod
     def save_checkpoint(cls, state: CheckpointState, checkpoint_uri: str | os.PathLike,
                         include_optimizer_state: bool = False) -> None:
         """Write ``state`` atomically to ``checkpoint_uri``."""
+        checkpoint_uri = _checkpoint_path(checkpoint_uri, "save_checkpoint")
         save_checkpoint(state.values.to_data(include_optimizer_state, copy=False), checkpoint_uri,
                         include_optimizer_state=include_optimizer_state)
+
+    # -- onnxruntime-training 1.15's indexing (1.16 split it into `parameters` and `properties`) -------------------
+    def __getitem__(self, name: str) -> Parameter | int | float | str:
+        """``state[name]``: the parameter of that name (a :class:`Parameter`), else the property."""
+        if name in self.parameters:
+            return self.parameters[name]
+        if name in self.properties:
+            return self.properties[name]
+        raise KeyError(f"no parameter or property named {name!r} in the checkpoint state; parameters: "
+                       f"{self.parameters.keys()[:5]}, properties: {self.properties.keys()}")
+
+    def __setitem__(self, name: str, value) -> None:
+        """``state[name] = value``: sets the parameter of that name (an array), else adds or sets a property."""
+        if name in self.parameters:
+            self.parameters[name] = value
+        else:
+            self.properties[name] = value
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.parameters or name in self.properties
+
+    def __iter__(self):
+        # without it, iter() would index state[0], state[1], ... and fail with "no parameter named 0"
+        raise TypeError("a CheckpointState is not iterable: iterate state.parameters (name, Parameter pairs) or "
+                        "state.properties (name, value pairs)")
 
     def to_data(self, include_optimizer_state: bool = True) -> CheckpointData:
         """A copy of every value, as written to a checkpoint file."""
