@@ -16,7 +16,7 @@ import ray.cloudpickle  # noqa: E402
 from onnxtrain.api import CheckpointState  # noqa: E402
 from onnxtrain.federated._flower import from_record, to_record  # noqa: E402
 from onnxtrain.federated.example import test_set  # noqa: E402
-from onnxtrain.federated.simulate import simulate  # noqa: E402
+from onnxtrain.federated.simulation import simulate  # noqa: E402
 
 # The fault-injecting mod below runs in Ray's worker processes, which cannot import this test module.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

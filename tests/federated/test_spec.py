@@ -78,3 +78,28 @@ def test_importing_onnxtrain_does_not_import_flower():
             "onnxtrain.federated.spec; print(any(m == 'flwr' or m.startswith('flwr.') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_global_arrays_of_another_float_precision_are_cast_on_load(mlp_artifacts):
+    """Flower's FedAdam returns float64 averages of float32 parameters; the client must take them."""
+    state = CheckpointState.load_checkpoint(mlp_artifacts / "checkpoint")
+    spec = ParamSpec.from_state(state)
+    wide = {n: (v + 1).astype(np.float64) for n, v in spec.values(state).items()}
+    with pytest.raises(UpdateRejected, match="dtype float64, expected float32"):
+        spec.check(wide)                                # a reply to the server stays strict
+    spec.load_into(state, wide)
+    for name, value in spec.values(state).items():
+        assert value.dtype == np.float32
+        np.testing.assert_array_equal(value, wide[name].astype(np.float32))
+    wide["fc2.bias"][0] = 1e300                         # not representable in float32: refused, not inf
+    with pytest.raises(UpdateRejected, match="'fc2.bias' has 1 non-finite"):
+        spec.load_into(state, wide)
+
+
+def test_the_package_exports_the_simulate_function_not_a_module():
+    """``from onnxtrain.federated import simulate`` (docs/federated.md) gave the submodule of the same name."""
+    pytest.importorskip("flwr")
+    code = ("from onnxtrain.federated import simulate, make_server_app; import onnxtrain.federated as f; "
+            "print(callable(simulate), callable(f.simulate), callable(make_server_app))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["True", "True", "True"]

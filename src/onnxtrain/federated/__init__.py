@@ -29,7 +29,7 @@ __all__ = ["ParamSpec", "UpdateRejected", "ClientSettings", "make_client_app", "
 
 _LAZY = {"ParamSpec": "spec", "UpdateRejected": "spec", "ClientSettings": "client", "make_client_app": "client",
          "ServerSettings": "server", "make_server_app": "server", "ValidatingFedAvg": "server",
-         "simulate": "simulate"}
+         "simulate": "simulation"}
 
 
 def __getattr__(name: str):

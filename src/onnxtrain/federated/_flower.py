@@ -53,6 +53,8 @@ def setting(key: str, context: Context, config: Mapping | None, default):
         return default
     if default is None or isinstance(value, type(default)):
         return value
+    if isinstance(default, int) and isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"setting {key!r} must be an int, got {value!r}")
     try:
         return type(default)(value)
     except (TypeError, ValueError):

@@ -34,6 +34,8 @@ RUN_CONFIG = {
     "learning-rate": 0.1,
     "test-data": "",                   # server: optional .npz (x, y) on which to measure the global model
     "round-timeout": 3600.0,           # server: seconds to wait for the replies of a round
+    "strategy": "FedAvg",              # server: a Flower strategy derived from FedAvg, by name
+    "initial-checkpoint": "",          # server: optional global checkpoint of an earlier run to resume from
     "alpha": 0.5,                      # the digits demo's Dirichlet split (node config overrides)
     "seed": 0,                         # the demo's split and the shuffling (node config overrides)
 }

@@ -37,6 +37,9 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--alpha", type=float, default=0.5,
                      help="Dirichlet concentration of the label split; smaller is more skewed (default 0.5)")
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--strategy", default="FedAvg",
+                     help="Flower strategy derived from FedAvg, e.g. FedMedian, FedTrimmedAvg, Krum, FedAdam "
+                          "(default FedAvg)")
     sim.add_argument("--hidden", type=int, default=32, help="hidden units of the demo MLP (default 32)")
     sim.add_argument("--freeze-first-layer", action="store_true",
                      help="keep fc1 frozen on the devices: only fc2 travels")
@@ -53,13 +56,14 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the parsed ``federated`` command; errors propagate (the main CLI prints them as one line)."""
     try:
-        from onnxtrain.federated.simulate import simulate
+        from onnxtrain.federated.simulation import simulate
     except ImportError as exc:
         raise OnnxTrainError(str(exc)) from None
     frozen = ("fc1.weight", "fc1.bias") if args.freeze_first_layer else ()
     simulate(args.clients, args.rounds, output_dir=args.output_dir, artifacts_dir=args.artifacts_dir,
              local_epochs=args.local_epochs, batch_size=args.batch_size, learning_rate=args.lr, alpha=args.alpha,
-             seed=args.seed, hidden=args.hidden, frozen=frozen, verbose=args.verbose, plot=args.plot)
+             seed=args.seed, hidden=args.hidden, frozen=frozen, verbose=args.verbose, plot=args.plot,
+             strategy=args.strategy)
     return 0
 
 

@@ -29,7 +29,8 @@ from onnxtrain.federated._flower import (
     setting,
     to_record,
 )
-from onnxtrain.federated.local import LocalModel
+from onnxtrain.federated.local import LocalModel, compare_fingerprints
+from onnxtrain.federated.spec import UpdateRejected
 
 __all__ = ["ClientSettings", "DataFn", "make_client_app", "default_data", "DigitsPartition"]
 
@@ -65,13 +66,15 @@ def make_client_app(settings: ClientSettings | None = None, mods: Sequence | Non
         config = msg.content.config_records.get("config")
         model = _open(settings, context, config)
         model.spec.load_into(model.state, from_record(msg.content["arrays"]))
+        _check_same_model(model, context, config)
         x, y, _, _ = _data(settings, context)
         server_round = int(config.get("server-round", 0)) if config else 0
+        _warn_unsupported(config, context)
         seed = setting("seed", context, config, settings.seed)
         device = int(context.node_config.get("partition-id", context.node_id % 2**32))   # stable across runs
         rng = np.random.default_rng([seed, device, server_round])
-        loss = model.fit(x, y, epochs=setting("local-epochs", context, config, settings.local_epochs),
-                         batch_size=setting("batch-size", context, config, settings.batch_size),
+        loss = model.fit(x, y, epochs=_device_setting("local-epochs", context, config, settings.local_epochs),
+                         batch_size=_device_setting("batch-size", context, config, settings.batch_size),
                          learning_rate=setting("learning-rate", context, config, settings.learning_rate), rng=rng)
         metrics = MetricRecord({"num-examples": len(x), "train-loss": loss,
                                 "skipped-steps": model.optimizer.skipped_steps})
@@ -83,6 +86,7 @@ def make_client_app(settings: ClientSettings | None = None, mods: Sequence | Non
         config = msg.content.config_records.get("config")
         model = _open(settings, context, config, train=False)
         model.spec.load_into(model.state, from_record(msg.content["arrays"]))
+        _check_same_model(model, context, config)
         _, _, x_val, y_val = _data(settings, context)
         result = model.evaluate(x_val, y_val, batch_size=max(256, setting("batch-size", context, config,
                                                                           settings.batch_size)))
@@ -92,6 +96,36 @@ def make_client_app(settings: ClientSettings | None = None, mods: Sequence | Non
         return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
     return app
+
+
+def _device_setting(key: str, context: Context, config, default: int) -> int:
+    """``local-epochs`` and ``batch-size`` are device limits (memory, time): the node config, when it sets
+    them, wins over the server's message; the value must be a positive integer."""
+    source = {key: context.node_config[key]} if key in context.node_config else config
+    value = setting(key, context, source, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"node {context.node_id}: setting {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _check_same_model(model: LocalModel, context: Context, config) -> None:
+    """Refuse to train when the server's artifacts are not this device's, even with matching parameters."""
+    theirs = config.get("model-fingerprint") if config else None
+    if theirs is None:
+        return
+    differ = compare_fingerprints(model.fingerprint, theirs)
+    if differ:
+        raise UpdateRejected(f"node {context.node_id}: the artifacts in {os.path.dirname(model.paths['eval'])!r} "
+                             f"are not those of the server: {differ} (fingerprint {model.fingerprint!r}, "
+                             f"server {theirs!r}); give every device a copy of the server's artifacts")
+
+
+def _warn_unsupported(config, context: Context) -> None:
+    """FedProx sends ``proximal-mu``; this client has no proximal term, so it would silently train as FedAvg."""
+    mu = config.get("proximal-mu") if config else None
+    if mu:
+        logger.warning("node %s: the server sent proximal-mu=%s (FedProx), but the onnxtrain ClientApp trains "
+                       "without a proximal term: the round runs as FedAvg", context.node_id, mu)
 
 
 def _open(settings: ClientSettings, context: Context, config, train: bool = True) -> LocalModel:

@@ -5,6 +5,8 @@ The server uses the same code to write and evaluate the global model.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 from dataclasses import dataclass
 
@@ -15,8 +17,7 @@ from onnxtrain.conventions import ARTIFACT_FILES
 from onnxtrain.federated.spec import ParamSpec
 from onnxtrain.runtime.loop import batches, evaluate, train_epoch
 
-__all__ = ["ARTIFACT_FILES", "artifact_paths", "LocalModel", "Evaluation"]
-
+__all__ = ["ARTIFACT_FILES", "artifact_paths", "LocalModel", "Evaluation", "compare_fingerprints"]
 
 
 def artifact_paths(artifacts_dir: str | os.PathLike | None, need_optimizer: bool = True) -> dict[str, str]:
@@ -84,6 +85,21 @@ class LocalModel:
         result = evaluate(self.module, batches(x, y, batch_size), metrics=["accuracy"] if has_predictions else [])
         return Evaluation(result.loss, result.metrics.get("accuracy"), result.num_examples)
 
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """``graphs:<hash> frozen:<hash>``: the training and eval graphs' bytes, and the names, shapes and
+        values of the frozen parameters, which never travel, so the server and the devices compare these."""
+        graphs = hashlib.sha256()
+        for kind in ("training", "eval"):
+            graphs.update(_file_digest(self.paths[kind]).encode())
+        frozen = hashlib.sha256()
+        for name, param in self.state.parameters.items():
+            if not param.requires_grad:
+                data = np.ascontiguousarray(param.data)
+                frozen.update(f"{name}:{data.dtype}:{data.shape}".encode())
+                frozen.update(data.tobytes())
+        return f"graphs:{graphs.hexdigest()[:16]} frozen:{frozen.hexdigest()[:16]}"
+
     def save(self, directory: str | os.PathLike, model_name: str = "model.onnx") -> dict[str, str]:
         """Write ``checkpoint`` and the inference model ``model_name`` into ``directory``, each atomically."""
         os.makedirs(directory, exist_ok=True)
@@ -92,3 +108,26 @@ class LocalModel:
         CheckpointState.save_checkpoint(self.state, paths["checkpoint"])
         self.module.export_model_for_inferencing(paths["model"])
         return paths
+
+
+def _file_digest(path: str) -> str:
+    stat = os.stat(path)
+    return _cached_digest(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_digest(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def compare_fingerprints(mine: str, theirs: str) -> str | None:
+    """What differs between two :attr:`LocalModel.fingerprint` values, or None if they are equal."""
+    parts = dict(p.split(":", 1) for p in mine.split())
+    other = dict(p.split(":", 1) for p in str(theirs).split() if ":" in p)
+    what = {"graphs": "the training or eval graph is different", "frozen": "the frozen parameters are different"}
+    differ = [what[k] for k in parts if other.get(k) != parts[k]]
+    return " and ".join(differ) if differ else None

@@ -56,9 +56,12 @@ class ParamSpec:
         """The trainable parameters and buffers of ``state``, in order."""
         return {n: state.buffers[n] if n in self.buffers else state.parameters[n].data for n in self.names}
 
-    def check(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def check(self, arrays: Mapping[str, np.ndarray], cast_floats: bool = False) -> dict[str, np.ndarray]:
         """Return ``arrays`` in spec order if they match the spec exactly and are finite; else raise
-        :class:`UpdateRejected` naming the first problem."""
+        :class:`UpdateRejected` naming the first problem.
+
+        With ``cast_floats``, a floating-point array of another precision is cast to the spec's dtype (Flower's
+        FedAdam and FedYogi return float64 averages of float32 parameters)."""
         missing = [n for n in self.names if n not in arrays]
         extra = [n for n in arrays if n not in self.names]
         if missing or extra:
@@ -71,6 +74,9 @@ class ParamSpec:
             value, kind = arrays[name], self._kind(name)
             if not isinstance(value, np.ndarray):
                 raise UpdateRejected(f"{kind} {name!r} is a {type(value).__name__}, expected a numpy array")
+            if cast_floats and value.dtype != dtype and _both_float(value.dtype, dtype):
+                with np.errstate(over="ignore"):   # what overflows becomes inf, refused below by name
+                    value = value.astype(dtype)
             if value.dtype != dtype:
                 raise UpdateRejected(f"{kind} {name!r} has dtype {value.dtype}, expected {dtype}")
             if value.shape != shape:
@@ -83,8 +89,9 @@ class ParamSpec:
         return checked
 
     def load_into(self, state: CheckpointState, arrays: Mapping[str, np.ndarray]) -> None:
-        """Check ``arrays`` and set them as the trainable parameters and buffers of ``state``."""
-        for name, value in self.check(arrays).items():
+        """Check ``arrays`` and set them as the trainable parameters and buffers of ``state`` (a floating-point
+        array of another precision is cast to the checkpoint's dtype)."""
+        for name, value in self.check(arrays, cast_floats=True).items():
             if name in self.buffers:
                 state.buffers[name] = value
             else:
@@ -92,3 +99,7 @@ class ParamSpec:
 
     def __len__(self) -> int:
         return len(self.names)
+
+
+def _both_float(a: np.dtype, b: np.dtype) -> bool:
+    return bool(np.issubdtype(a, np.floating) and np.issubdtype(b, np.floating))

@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -13,11 +14,12 @@ from collections.abc import Callable, Sequence
 from onnxtrain.errors import OnnxTrainError
 from onnxtrain.federated import example
 from onnxtrain.federated.client import ClientSettings, DigitsPartition, make_client_app
-from onnxtrain.federated.server import ServerSettings, make_server_app
+from onnxtrain.federated.server import ServerSettings, make_server_app, validating
 
 __all__ = ["simulate", "format_table", "plot_history"]
 
 _COLUMNS = [("round", "round", "{:d}"), ("accepted", "accepted", "{:d}"), ("rejected", "rejected", "{:d}"),
+            ("failed", "failed", "{:d}"),
             ("train-loss", "train loss", "{:.4f}"), ("client-accuracy", "client acc", "{:.4f}"),
             ("loss", "global loss", "{:.4f}"), ("accuracy", "global acc", "{:.4f}"), ("seconds", "time", "{:.1f}s")]
 
@@ -26,8 +28,10 @@ def simulate(clients: int = 3, rounds: int = 3, *, output_dir: str | os.PathLike
              artifacts_dir: str | os.PathLike | None = None, local_epochs: int = 2, batch_size: int = 32,
              learning_rate: float = 0.1, alpha: float = 0.5, seed: int = 0, hidden: int = 32,
              frozen: Sequence[str] = (), client_mods: Sequence | None = None, verbose: bool = False,
-             plot: str | os.PathLike | None = None, out: Callable[[str], None] | None = None) -> list[dict]:
-    """Run FedAvg with ``clients`` simulated devices for ``rounds`` rounds; return the per-round history.
+             plot: str | os.PathLike | None = None, out: Callable[[str], None] | None = None,
+             strategy: str | type = "FedAvg", strategy_args: dict | None = None) -> list[dict]:
+    """Run FedAvg (or ``strategy``) with ``clients`` simulated devices for ``rounds`` rounds; return the
+    per-round history.
 
     Args:
         output_dir: receives ``artifacts/`` (unless ``artifacts_dir`` is given), ``global/`` (the global
@@ -39,14 +43,21 @@ def simulate(clients: int = 3, rounds: int = 3, *, output_dir: str | os.PathLike
         plot: where to save the accuracy plot (needs matplotlib); default ``output_dir/accuracy.png``
             when matplotlib is installed.
         out: where progress lines and the table go (default: print).
+        strategy, strategy_args: a Flower strategy derived from FedAvg (class or name in
+            ``flwr.serverapp.strategy``, e.g. ``"FedMedian"``) and its extra keyword arguments.
+
+    Raises:
+        RuntimeError: no round accepted a single client update (every client failed or was rejected).
     """
     if importlib.util.find_spec("ray") is None:   # flwr would sys.exit() without it
         raise OnnxTrainError("Flower's simulation engine needs Ray: pip install 'flwr[simulation]'")
     from flwr.simulation import run_simulation
 
     out = out or (lambda line: print(line, flush=True))
-    if clients < 1 or rounds < 1:
-        raise ValueError(f"need at least one client and one round, got clients={clients}, rounds={rounds}")
+    _check_arguments(clients=clients, rounds=rounds, local_epochs=local_epochs, batch_size=batch_size,
+                     learning_rate=learning_rate, alpha=alpha, hidden=hidden)
+    strategy_name = validating(strategy).__name__.removeprefix("Validating")   # an unknown name fails here
+    example.load_partition(0, clients, alpha=alpha, seed=seed)   # too many clients for the digits fails here
     output_dir = os.fspath(output_dir)
     if artifacts_dir is None:
         artifacts_dir = os.path.join(output_dir, "artifacts")
@@ -62,10 +73,11 @@ def simulate(clients: int = 3, rounds: int = 3, *, output_dir: str | os.PathLike
     server = make_server_app(ServerSettings(
         artifacts_dir=os.fspath(artifacts_dir), output_dir=global_dir, num_rounds=rounds, min_nodes=clients,
         local_epochs=local_epochs, batch_size=batch_size, learning_rate=learning_rate,
-        test_data=lambda: example.test_set(seed), on_round=progress))
+        test_data=lambda: example.test_set(seed), on_round=progress, strategy=strategy,
+        strategy_args=strategy_args))
     client = make_client_app(ClientSettings(artifacts_dir=os.fspath(artifacts_dir), seed=seed,
                                             data=DigitsPartition(alpha, seed)), mods=client_mods)
-    out(f"FedAvg: {clients} clients (digits, Dirichlet alpha={alpha}), {rounds} rounds, {local_epochs} local "
+    out(f"{strategy_name}: {clients} clients (digits, Dirichlet alpha={alpha}), {rounds} rounds, {local_epochs} local "
         f"epoch(s); global model in {global_dir}")
     backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                       "init_args": {"logging_level": "WARNING" if verbose else "ERROR", "log_to_driver": verbose}}
@@ -73,9 +85,7 @@ def simulate(clients: int = 3, rounds: int = 3, *, output_dir: str | os.PathLike
         run_simulation(server_app=server, client_app=client, num_supernodes=clients, backend_config=backend_config)
     with open(os.path.join(global_dir, "history.jsonl")) as f:
         history = [json.loads(line) for line in f if line.strip()]
-    if len(history) != rounds + 1:
-        raise RuntimeError(f"the simulation ended after {len(history) - 1} of {rounds} rounds; rerun with "
-                           "--verbose to see Flower's log")
+    _check_progress(history, rounds)
     final = history[-1]
     if final.get("accuracy") is not None:
         out(f"global accuracy {history[0]['accuracy']:.4f} -> {final['accuracy']:.4f} after {rounds} rounds")
@@ -83,6 +93,27 @@ def simulate(clients: int = 3, rounds: int = 3, *, output_dir: str | os.PathLike
     if plot_path:
         out(f"plot: {plot_path}")
     return history
+
+
+def _check_progress(history: list[dict], rounds: int) -> None:
+    """A run that ended early, or in which no round accepted an update, is an error, not a result."""
+    if len(history) != rounds + 1:
+        raise RuntimeError(f"the simulation ended after {len(history) - 1} of {rounds} rounds; rerun with "
+                           "--verbose to see Flower's log")
+    if not any(r.get("accepted") for r in history[1:]):
+        reasons = [f["reason"] for r in history for f in r.get("failures", []) + r.get("rejections", [])]
+        raise RuntimeError(f"no client update was accepted in {rounds} round(s), the global model is the initial "
+                           f"one; first reason: {reasons[0] if reasons else 'unknown (rerun with --verbose)'}")
+
+
+def _check_arguments(**values) -> None:
+    """Refuse what would make every client fail in every round, before Ray starts."""
+    for name in ("clients", "rounds", "local_epochs", "batch_size", "hidden"):
+        if not isinstance(values[name], int) or values[name] < 1:
+            raise ValueError(f"{name.replace('_', '-')} must be a positive integer, got {values[name]!r}")
+    for name in ("learning_rate", "alpha"):
+        if not (values[name] > 0 and math.isfinite(values[name])):
+            raise ValueError(f"{name.replace('_', '-')} must be positive and finite, got {values[name]!r}")
 
 
 def format_table(history: list[dict], header: bool = True) -> str:
