@@ -119,21 +119,22 @@ def _model_with_its_loss() -> onnx.ModelProto:
 
 
 def test_loss_none_returns_the_models_other_outputs_after_the_loss(tmp_path):
-    """The peer's loss=None is a PassThrough of every output: `loss, logits = module(x, y)` works."""
+    """The peer's loss=None is a PassThrough of every output: `loss, logits = module(x, y)` works, and the model's
+    loss output keeps its name, as the peer's does (a script that leaves it out of the export by name works)."""
     generate_artifacts(_model_with_its_loss(), loss=None, optimizer=OptimType.SGD, artifact_directory=tmp_path)
     module = _module(tmp_path)
-    assert module.output_names() == ["loss", "output"]
+    assert module.output_names() == ["my_loss", "output"]
     loss, logits = module(X, T)
     np.testing.assert_allclose(loss, np.mean((logits - T) ** 2), rtol=1e-5)
     module.eval()
-    assert module.output_names() == ["loss", "output"]
+    assert module.output_names() == ["my_loss", "output"]
     # additional_output_names says which outputs follow the loss; loss_input_names=[loss] alone: none
     generate_artifacts(_model_with_its_loss(), loss=None, artifact_directory=tmp_path / "a",
                        additional_output_names=["d"])
-    assert _module(tmp_path / "a").output_names() == ["loss", "d"]
+    assert _module(tmp_path / "a").output_names() == ["my_loss", "d"]
     generate_artifacts(_model_with_its_loss(), loss=None, artifact_directory=tmp_path / "b",
                        loss_input_names=["my_loss"])
-    assert _module(tmp_path / "b").output_names() == ["loss"]
+    assert _module(tmp_path / "b").output_names() == ["my_loss"]
 
 
 @pytest.mark.parametrize("argument", ["additional_output_names", "loss_input_names"])

@@ -106,6 +106,7 @@ def _add_loss(fwd_model: onnx.ModelProto, infos: dict[str, TensorInfo], loss: Bl
     from onnxtrain.blocks.model_accessor import building_on, check_defined
 
     graph = fwd_model.graph
+    model_outputs = {o.name for o in graph.output}
     counts = len(graph.node), len(graph.initializer), len(graph.input)
     computed = {o for n in graph.node for o in n.output} | {t.name for t in graph.initializer} | set(weights)
     who = f"the loss block {type(loss).__name__}"
@@ -127,9 +128,12 @@ def _add_loss(fwd_model: onnx.ModelProto, infos: dict[str, TensorInfo], loss: Bl
                              f"{[o.name for o in graph.output]})")
         _check_label_names(graph, computed, len(loss_inputs), loss)
         ctx.builder.take(used_names(graph))  # with the names edits of self.base added
-        loss_name = ctx.builder.unique("loss")
-        if loss_out in outputs or not _rename_value(graph.node[counts[0]:], loss_out, loss_name):
-            ctx.builder.node("Identity", [loss_out], [loss_name])  # or the loss node writes the output itself
+        if loss_out in model_outputs and loss_out not in outputs:
+            loss_name = loss_out  # the model's own loss output (loss=None) keeps its name, as the peer's does
+        else:
+            loss_name = ctx.builder.unique("loss")
+            if loss_out in outputs or not _rename_value(graph.node[counts[0]:], loss_out, loss_name):
+                ctx.builder.node("Identity", [loss_out], [loss_name])  # or the loss node writes the output itself
         graph = accessor.model.graph
     return _LossPart(list(graph.node[counts[0]:]), list(graph.initializer[counts[1]:]),
                      list(graph.input[counts[2]:]), loss_name, outputs)
