@@ -117,6 +117,15 @@ def test_round_trip_every_kind_bit_exact(tmp_path):
     assert_same(round_trip(data, tmp_path), data)
 
 
+
+def test_round_trip_through_a_bytes_path(tmp_path):
+    """open() takes a bytes path, and so does the peer's CheckpointState; the stale-file cleanup built a str regex
+    from it ("cannot use a string pattern on a bytes-like object")."""
+    data = sample()
+    path = os.fsencode(tmp_path / "checkpoint")
+    save_checkpoint(data, path)
+    assert_same(load_checkpoint(path), data)
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(), (0,), (3, 0, 2), (7,), (2, 3, 4)])
 def test_round_trip_each_dtype_and_shape(tmp_path, dtype, shape):

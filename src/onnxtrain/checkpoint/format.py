@@ -49,7 +49,7 @@ def save_checkpoint(data: CheckpointData, path: str | os.PathLike[str], include_
         ValueError: a nominal checkpoint holds arrays, a full one holds specs, or a name or value is invalid.
         OSError: writing failed; the old file at ``path`` is untouched.
     """
-    atomic_write(path, checkpoint_pieces(data, include_optimizer_state))
+    atomic_write(os.fsdecode(path), checkpoint_pieces(data, include_optimizer_state))
 
 
 def checkpoint_pieces(data: CheckpointData, include_optimizer_state: bool = True) -> list[bytes | memoryview]:
@@ -109,7 +109,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> CheckpointData:
             corrupt or altered (checksum mismatch), is not an onnxtrain checkpoint, or has an unsupported
             format version. The message names the file and the defect.
     """
-    where = f"checkpoint {os.fspath(path)!r}"
+    path = os.fsdecode(path)  # a bytes path too, as open() takes it
+    where = f"checkpoint {path!r}"
     clear_stale_temps(path)
     try:
         with open(path, "rb", buffering=0) as file:
