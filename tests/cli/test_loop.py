@@ -125,3 +125,27 @@ def test_epoch_loss_is_a_mean_per_example_whatever_the_batch_size(tmp_path, redu
               for size in (7, 60)]
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
     assert seen[-1] == pytest.approx(losses[1], rel=1e-6)  # the whole set in one batch: its mean per example
+
+
+def test_ignored_labels_count_neither_in_the_loss_nor_in_accuracy(tmp_path):
+    """With the loss's ignore_index, each batch's mean is over the labels not ignored: the epoch loss weights it by
+    their number (it weighted by examples, so it depended on the batch size), and accuracy counts only them (an
+    ignored label counted as a miss)."""
+    from onnxtrain.blocks import CrossEntropyLoss
+
+    generate_artifacts(build_cnn(0), loss=CrossEntropyLoss(ignore_index=-100), optimizer=OptimType.AdamW,
+                       artifact_directory=tmp_path, additional_output_names=["logits"])
+    module, _ = _module(tmp_path)
+    x, y = _digits(30)
+    y[[1, 2, 3, 7, 20]] = -100          # the first batch of 4 keeps one label, the others keep all or most
+    results = [loop.evaluate(module, loop.batches(x, y, size), metrics=["accuracy"]) for size in (4, 30)]
+    logits = loop.predict(module, x, y)
+    keep = y != -100
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    expected_loss = -np.mean(log_p[keep, y[keep]])
+    expected_accuracy = np.mean(logits[keep].argmax(axis=1) == y[keep])
+    for result in results:
+        assert result.loss == pytest.approx(expected_loss, rel=1e-5)
+        assert result.metrics["accuracy"] == pytest.approx(expected_accuracy, abs=1e-9)
+        assert result.num_examples == 30

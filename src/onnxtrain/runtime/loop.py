@@ -9,7 +9,9 @@
 Metrics read the predictions that the artifacts return after the loss (generate them with
 ``additional_output_names=[<model output>]``); the first additional output is taken as the predictions.
 Loss values are means over examples (each batch's mean loss weighted by its size; a loss generated with
-``reduction="sum"`` is summed over the batches, then divided by the number of examples). Nothing here imports
+``reduction="sum"`` is summed over the batches, then divided by the number of examples; a class loss with an
+``ignore_index`` is a mean over the labels not ignored, weighted by their number, and the class metrics count only
+those labels). Nothing here imports
 anything beyond numpy and the runtime, so a federated client can call it as it is.
 """
 
@@ -71,19 +73,29 @@ def _class_axis(pred: np.ndarray, y: np.ndarray) -> int:
     return 1
 
 
-def _accuracy(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
-    """Class scores on axis 1 (or the last axis, see _class_axis) (argmax) against class indices."""
+def _kept(y: np.ndarray, ignore_index: int | None) -> np.ndarray | bool:
+    """The labels that count: all of them, or those that are not the loss's ignore_index."""
+    return True if ignore_index is None else y != ignore_index
+
+
+def _accuracy(pred: np.ndarray, y: np.ndarray, ignore_index: int | None = None) -> tuple[float, int]:
+    """Class scores on axis 1 (or the last axis, see _class_axis) (argmax) against class indices; labels equal to
+    ``ignore_index`` do not count."""
     _class_indices(pred, y)
-    return float(np.sum(np.argmax(pred, axis=_class_axis(pred, y)) == y)), int(y.size)
+    kept = _kept(y, ignore_index)
+    hits = (np.argmax(pred, axis=_class_axis(pred, y)) == y) & kept
+    return float(np.sum(hits)), int(np.sum(kept) if ignore_index is not None else y.size)
 
 
-def _top5(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+def _top5(pred: np.ndarray, y: np.ndarray, ignore_index: int | None = None) -> tuple[float, int]:
     _class_indices(pred, y)
     axis = _class_axis(pred, y)
     if pred.shape[axis] <= 5:
         raise ValueError(f"with {pred.shape[axis]} classes every label is among the top 5, so it is always 100%")
     top = np.moveaxis(np.argpartition(-pred, 4, axis=axis), axis, 1)[:, :5]
-    return float(np.sum(np.any(top == np.expand_dims(y, 1), axis=1))), int(y.size)
+    kept = _kept(y, ignore_index)
+    hits = np.any(top == np.expand_dims(y, 1), axis=1) & kept
+    return float(np.sum(hits)), int(np.sum(kept) if ignore_index is not None else y.size)
 
 
 def _binary_accuracy(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
@@ -103,6 +115,7 @@ def _mae(pred: np.ndarray, y: np.ndarray) -> tuple[float, int]:
 METRICS: dict[str, Callable[[np.ndarray, np.ndarray], tuple[float, int]]] = {
     "accuracy": _accuracy, "top5_accuracy": _top5, "binary_accuracy": _binary_accuracy, "mse": _mse, "mae": _mae,
 }
+_CLASS_METRICS = frozenset({"accuracy", "top5_accuracy"})  # they take the loss's ignore_index
 
 
 def check_metrics(names: Sequence[str], predictions: str | None) -> list[str]:
@@ -125,15 +138,23 @@ class Totals:
     num_examples: int = 0
     steps: int = 0
     metric_sums: dict[str, list[float]] = field(default_factory=dict)  # name -> [sum, count]
+    loss_weight: float = 0.0   # what the batch losses are weighted by: examples, or labels not ignored
 
-    def add(self, loss: float, n: int, pred: np.ndarray | None, y: np.ndarray, metrics: Sequence[str]) -> None:
-        """Count one batch of ``n`` examples whose mean loss is ``loss``."""
-        self.loss_sum += loss * n
+    def add(self, loss: float, n: int, pred: np.ndarray | None, y: np.ndarray, metrics: Sequence[str],
+            ignore_index: int | None = None) -> None:
+        """Count one batch of ``n`` examples whose mean loss is ``loss``. With the loss's ``ignore_index``, the loss
+        is a mean over the labels that are not ignored, and is weighted by their number (a batch with none
+        counts nothing), as the class metrics count only those labels."""
+        weight = n if ignore_index is None else int(np.sum(y != ignore_index))
+        if weight:
+            self.loss_sum += loss * weight
+            self.loss_weight += weight
         self.num_examples += n
         self.steps += 1
         for name in metrics:
             try:
-                total, count = METRICS[name](pred, y)
+                total, count = (METRICS[name](pred, y, ignore_index) if name in _CLASS_METRICS
+                                else METRICS[name](pred, y))
             except ValueError as exc:   # a metric that does not fit the task (accuracy on multi-label targets)
                 raise InputError(f"the metric {name!r} does not fit predictions of shape {list(np.shape(pred))} and "
                                  f"labels of shape {list(np.shape(y))} ({exc}); choose metrics that fit the loss: "
@@ -145,7 +166,8 @@ class Totals:
 
     @property
     def loss(self) -> float:
-        return self.loss_sum / self.num_examples if self.num_examples else float("nan")
+        weight = self.loss_weight or self.num_examples   # totals saved before loss_weight existed: examples
+        return self.loss_sum / weight if weight else float("nan")
 
     def metrics(self) -> dict[str, float]:
         return {k: (s / c if c else float("nan")) for k, (s, c) in self.metric_sums.items()}
@@ -196,6 +218,12 @@ def _summed_loss(module: Module) -> bool:
     return module.training_run.meta.loss_reduction == "sum"
 
 
+def _ignore_index(module: Module, summed: bool) -> int | None:
+    """The class loss's ignore_index when its mean is over the labels that are not ignored, else None."""
+    labels = module.training_run.train_labels
+    return None if summed else next((c.ignore_index for c in labels.values() if c.ignore_index is not None), None)
+
+
 def _split_outputs(out) -> tuple[float, np.ndarray | None]:
     """A Module call returns the loss alone, or (loss, *additional outputs); the first extra is the predictions."""
     if isinstance(out, (list, tuple)):
@@ -219,6 +247,7 @@ def train_epoch(module: Module, optimizer: Optimizer, data: Iterable[Batch], *, 
     """
     totals = totals if totals is not None else Totals()
     summed = _summed_loss(module)
+    ignore_index = _ignore_index(module, summed)
     module.train()
     start = time.perf_counter()
     stopped = False
@@ -231,7 +260,7 @@ def train_epoch(module: Module, optimizer: Optimizer, data: Iterable[Batch], *, 
         if scheduler is not None:
             scheduler.step()
         loss = loss / len(x) if summed else loss
-        totals.add(loss, len(x), pred, y, metrics)
+        totals.add(loss, len(x), pred, y, metrics, ignore_index)
         if on_step is not None:
             on_step(len(x), loss)
         if should_stop is not None and should_stop():
@@ -246,12 +275,13 @@ def evaluate(module: Module, data: Iterable[Batch], *, metrics: Sequence[str] = 
     """The eval graph over ``data`` (no parameter changes); the Module is left in eval mode."""
     totals = Totals()
     summed = _summed_loss(module)
+    ignore_index = _ignore_index(module, summed)
     module.eval()
     start = time.perf_counter()
     for x, y in data:
         loss, pred = _split_outputs(_call(module, x, y))
         loss = loss / len(x) if summed else loss
-        totals.add(loss, len(x), pred, y, metrics)
+        totals.add(loss, len(x), pred, y, metrics, ignore_index)
         if on_step is not None:
             on_step(len(x), loss)
     seconds = time.perf_counter() - start
