@@ -499,3 +499,110 @@ def test_a_derived_size_wins_over_another_name_declared_for_it(tmp_path):
     artifacts.generate_artifacts(model, loss=artifacts.LossType.MSELoss, artifact_directory=str(tmp_path))
     training = onnx.load(str(tmp_path / "training_model.onnx"))
     assert not [n.name for n in training.graph.node if n.op_type == "NonZero"]
+
+
+def _rotate_half(divisor: int = 2) -> onnx.ModelProto:
+    """transformers' rotate_half as the TorchScript exporter traces it: x (b, s, 8) split at
+    ``Shape(x)[-1] / divisor`` (an integer Div read from the shape), the halves swapped, the second negated, then
+    scaled by a per-channel weight and added to x scaled by another (RoPE's q cos + rotate_half(q) sin)."""
+    inits = [_int64("last", [-1]), _int64("zero", [0]), _int64("big", [2 ** 62]), _int64("axis", [-1]),
+             _int64("divisor", divisor), numpy_helper.from_array(np.linspace(0.5, 1.5, 8, dtype=np.float32), "cos"),
+             numpy_helper.from_array(np.linspace(-1, 1, 8, dtype=np.float32), "sin")]
+    nodes = [helper.make_node("Shape", ["x"], ["xs"]),
+             helper.make_node("Gather", ["xs", "last"], ["width"], axis=0),
+             helper.make_node("Squeeze", ["width"], ["width_scalar"]),
+             helper.make_node("Div", ["width_scalar", "divisor"], ["half_scalar"]),
+             helper.make_node("Unsqueeze", ["half_scalar", "zero"], ["half"]),
+             helper.make_node("Slice", ["x", "zero", "half", "axis"], ["x1"]),
+             helper.make_node("Slice", ["x", "half", "big", "axis"], ["x2"]),
+             helper.make_node("Neg", ["x2"], ["minus_x2"]),
+             helper.make_node("Concat", ["minus_x2", "x1"], ["rotated"], axis=-1),
+             helper.make_node("Mul", ["x", "cos"], ["a"]),
+             helper.make_node("Mul", ["rotated", "sin"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 8])
+    graph = helper.make_graph(nodes, "rotate_half", [x],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_slice_at_half_the_width_read_from_the_shape_is_named(tmp_path):
+    """Before: ONNX data propagation stops at the integer Div, so both halves (and the rotated tensor) had unknown
+    sizes and the sin weight's gradient summed over axes found at run time (NonZero; every TorchScript export of a
+    LLaMA-style model had 14-20 such reductions)."""
+    model = _rotate_half()
+    infos = infer_tensor_info(model)
+    assert infos["x1"].shape == ("b", "s", 4) and infos["x2"].shape == ("b", "s", 4)
+    assert infos["rotated"].shape == ("b", "s", 8)
+    artifacts.generate_artifacts(model, requires_grad=["cos", "sin"], loss=artifacts.LossType.MSELoss,
+                                 artifact_directory=str(tmp_path))
+    training = onnx.load(str(tmp_path / "training_model.onnx"))
+    assert not [n.name for n in training.graph.node if n.op_type == "NonZero"]
+
+
+@pytest.mark.parametrize("left,right,expected", [(8, 2, 4), (7, 2, 3), (-7, 2, -3), (7, -2, -3), (5, 0, None)])
+def test_integer_division_truncates_toward_zero_as_onnx_div(left, right, expected):
+    from onnxtrain.ir.symbolic import _integer_division
+
+    assert _integer_division(left, right) == expected
+
+
+def _tiled_pairs() -> onnx.ModelProto:
+    """x (b, s, 4) tiled by constant repeats (1, 1, 2) to (b, s, 8) and added to v = u * w, u (b, s, 8) (GPT-J's
+    rotary sin and cos repeated over pairs, as the TorchScript exporter writes repeat_interleave)."""
+    inits = [_int64("repeats", [1, 1, 2]), numpy_helper.from_array(np.linspace(0.5, 1.5, 8, dtype=np.float32), "w")]
+    nodes = [helper.make_node("Tile", ["x", "repeats"], ["tiled"]),
+             helper.make_node("Mul", ["u", "w"], ["v"]),
+             helper.make_node("Add", ["tiled", "v"], ["y"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 4]),
+              helper.make_tensor_value_info("u", TensorProto.FLOAT, ["b", "s", 8])]
+    graph = helper.make_graph(nodes, "tiled", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_tile_by_constant_repeats_keeps_the_symbols_it_repeats_once(tmp_path):
+    """Before: ONNX inference gave the tiled tensor fresh symbols for 'b' and 's' (repeated once), and the weight's
+    gradient summed over axes found at run time (GPT-J and CodeGen TorchScript exports: 18 such reductions)."""
+    model = _tiled_pairs()
+    assert infer_tensor_info(model)["tiled"].shape == ("b", "s", 8)
+    artifacts.generate_artifacts(model, requires_grad=["w"], loss=artifacts.LossType.MSELoss,
+                                 artifact_directory=str(tmp_path))
+    training = onnx.load(str(tmp_path / "training_model.onnx"))
+    assert not [n.name for n in training.graph.node if n.op_type == "NonZero"]
+
+
+def _heads_by_batch_times_heads() -> onnx.ModelProto:
+    """nn.MultiheadAttention as the TorchScript exporter writes it: x (s, b, 8) reshaped to (s, b * 2, 8 / 2), both
+    computed from scalars gathered from the shape, scaled by a per-channel weight, reshaped back to (s, b, 8) and
+    added to x."""
+    inits = [_int64("i0", 0), _int64("i1", 1), _int64("i2", 2), _int64("heads", 2), _int64("zero", [0]),
+             _int64("width", [8]), numpy_helper.from_array(np.linspace(0.5, 1.5, 4, dtype=np.float32), "w")]
+    nodes = [helper.make_node("Shape", ["x"], ["xs"]),
+             *[helper.make_node("Gather", ["xs", f"i{k}"], [f"d{k}"], axis=0) for k in range(3)],
+             helper.make_node("Mul", ["d1", "heads"], ["bh"]),
+             helper.make_node("Div", ["d2", "heads"], ["head_dim"]),
+             *[helper.make_node("Unsqueeze", [v, "zero"], [v + "_1"]) for v in ("d0", "d1", "bh", "head_dim")],
+             helper.make_node("Concat", ["d0_1", "bh_1", "head_dim_1"], ["split_shape"], axis=0),
+             helper.make_node("Reshape", ["x", "split_shape"], ["split"]),
+             helper.make_node("Mul", ["split", "w"], ["scaled"]),
+             helper.make_node("Concat", ["d0_1", "d1_1", "width"], ["merge_shape"], axis=0),
+             helper.make_node("Reshape", ["scaled", "merge_shape"], ["merged"]),
+             helper.make_node("Add", ["merged", "x"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["s", "b", 8])
+    graph = helper.make_graph(nodes, "heads", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_batch_times_heads_read_from_the_shape_is_named(tmp_path):
+    """Before: Mul(batch, 2) was followed only for two known ints and Div not at all, so the split had fresh
+    symbols and the weight's gradient summed over axes found at run time (nn.MultiheadAttention, TorchScript)."""
+    model = _heads_by_batch_times_heads()
+    infos = infer_tensor_info(model)
+    assert infos["split"].shape == ("s", "2*b", 4)
+    assert infos["merged"].shape == ("s", "b", 8)
+    artifacts.generate_artifacts(model, requires_grad=["w"], loss=artifacts.LossType.MSELoss,
+                                 artifact_directory=str(tmp_path))
+    training = onnx.load(str(tmp_path / "training_model.onnx"))
+    assert not [n.name for n in training.graph.node if n.op_type == "NonZero"]

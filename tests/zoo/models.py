@@ -569,4 +569,38 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     Spec("gru", "torch", _recurrent("GRU", num_layers=2), _tokens, _classes, (8, 12), SEQUENCE_AXES, batches=(2, 3)),
     Spec("rnn_relu", "torch", _recurrent("RNN", nonlinearity="relu"), _tokens, _classes, (8, 12), SEQUENCE_AXES,
          batches=(2, 3)),
+    # probed on 2026-11-28 (session 19) with padded attention masks, token types and opsets 14-18 besides
+    # (/tmp/probe19_nlp); here in the zoo's single-input form (slow only):
+    # factorized embeddings projected to the hidden size
+    _text("electra", _hf("ElectraForSequenceClassification", "ElectraConfig", vocab_size=VOCAB, embedding_size=8,
+                         max_position_embeddings=32, **_TRANSFORMER)),
+    # BERT with integer-only kernels switched off (quant_mode=False): its float GELU, softmax and LayerNorm
+    _text("ibert", _hf("IBertForSequenceClassification", "IBertConfig", vocab_size=VOCAB, max_position_embeddings=40,
+                       pad_token_id=1, quant_mode=False, **_TRANSFORMER)),
+    # grouped-query attention with a sliding window, RMSNorm, SwiGLU
+    _text("mistral", _hf("MistralForSequenceClassification", "MistralConfig", vocab_size=VOCAB, hidden_size=16,
+                         intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         sliding_window=4, max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0,
+                         attn_implementation="eager")),
+    # RMSNorm by (1 + weight), embeddings scaled by sqrt(hidden), GELU-gated MLP
+    _text("gemma", _hf("GemmaForSequenceClassification", "GemmaConfig", vocab_size=VOCAB, hidden_size=16,
+                       intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                       head_dim=8, max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0,
+                       attn_implementation="eager")),
+    # rotary embeddings on interleaved pairs (rotate_every_two) over part of each head, parallel attention and MLP
+    _text("gptj", _hf("GPTJForSequenceClassification", "GPTJConfig", vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2,
+                      rotary_dim=4, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0,
+                      num_labels=CLASSES)),
+    # ALiBi biases computed once for the longest sequence and sliced to the input's, no position embeddings
+    _text("mpt", _hf("MptForSequenceClassification", "MptConfig", vocab_size=VOCAB, d_model=16, n_layers=2, n_heads=2,
+                     max_seq_len=32, expansion_ratio=2, pad_token_id=0, num_labels=CLASSES)),
+    # partial rotary embeddings with LayerNorm (not RMSNorm) and SwiGLU
+    _text("stablelm", _hf("StableLmForSequenceClassification", "StableLmConfig", vocab_size=VOCAB, hidden_size=16,
+                          intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                          partial_rotary_factor=0.5, max_position_embeddings=32, num_labels=CLASSES,
+                          pad_token_id=0, attn_implementation="eager")),
+    # fused QKV and gate/up projections split by slices, RMSNorm
+    _text("phi3", _hf("Phi3ForSequenceClassification", "Phi3Config", vocab_size=VOCAB, hidden_size=16,
+                      intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                      max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0, attn_implementation="eager")),
 ]}

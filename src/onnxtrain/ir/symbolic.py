@@ -339,7 +339,7 @@ def _slice_bounds(node: onnx.NodeProto, values: dict[str, ShapeValue],
 ShapeValue = tuple[tuple[Dim, ...], bool]
 
 _FOLLOWED = frozenset({"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Cast", "Identity", "ConstantOfShape",
-                       "Add", "Sub", "Mul", "Reshape", "Expand", "Equal", "Where", "ReduceProd", "Max", "Min"})
+                       "Add", "Sub", "Mul", "Div", "Reshape", "Expand", "Equal", "Where", "ReduceProd", "Max", "Min"})
 
 
 def integer_constants(graph: onnx.GraphProto) -> dict[str, ShapeValue]:
@@ -352,9 +352,10 @@ def integer_constants(graph: onnx.GraphProto) -> dict[str, ShapeValue]:
 def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo], constants: dict[str, ShapeValue],
                   given: set[str]) -> dict[str, ShapeValue]:
     """The values of ``graph``'s shape arithmetic, symbols included: ``Unsqueeze(Gather(Shape(ids), 1))`` is
-    ("sequence",). Constants, Shape, Gather, Unsqueeze, Squeeze, Concat, Cast, Identity, Reshape and Expand (to a
-    vector of the same entries), ConstantOfShape, integer Add/Sub/Mul, Max/Min, ReduceProd (a product, named as
-    :func:`_quotient` names it), and torch's Where(Equal(shape, -1), ..., shape) are followed."""
+    ("sequence",). Followed: constants, Shape, Gather, Unsqueeze, Squeeze, Concat, Cast, Identity, Reshape and
+    Expand (to a vector of the same entries), ConstantOfShape, integer Add/Sub/Mul and Div of known ints, Mul of
+    sizes and symbols and ReduceProd (products, named as :func:`_quotient` names them), Max/Min, and torch's
+    Where(Equal(shape, -1), ..., shape)."""
     values = dict(constants)
     flags: dict[str, tuple[bool | None, ...]] = {}  # Equal nodes' outputs, where known
     for node in graph.node:
@@ -420,12 +421,30 @@ def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo], constant
             if all(len(v) in (1, len(cond)) for v in (chosen, other)):
                 result = (tuple(None if c is None else chosen[k % len(chosen)] if c else other[k % len(other)]
                                 for k, c in enumerate(cond)), False)
+        elif node.op_type == "Mul" and len(known) == 2 and None not in known and \
+                (1 in (len(known[0][0]), len(known[1][0])) or len(known[0][0]) == len(known[1][0])):
+            # a size times a size, one of them a symbol: nn.MultiheadAttention's batch * heads, named as a Reshape's
+            # -1 is (:func:`_quotient`), so the Reshape back divides it again
+            (left, left_scalar), (right, right_scalar) = known
+            count = max(len(left), len(right))
+            result = (tuple(_quotient([left[k % len(left)], right[k % len(right)]], [], given) for k in range(count)),
+                      left_scalar and right_scalar)
         if result is not None:
             values[node.output[0]] = result
     return values
 
 
-_INTEGER_ARITHMETIC = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b}
+def _integer_division(a: int, b: int) -> int | None:
+    """ONNX's integer Div: the quotient truncated toward zero (torch's ``x.shape[-1] // 2`` in rotate_half, traced
+    by the TorchScript exporter); None for a division by zero."""
+    if b == 0:
+        return None
+    quotient = abs(a) // abs(b)
+    return quotient if (a < 0) == (b < 0) else -quotient
+
+
+_INTEGER_ARITHMETIC = {"Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
+                       "Div": _integer_division}
 
 
 def _equal(a: Dim, b: Dim) -> bool | None:
@@ -441,7 +460,7 @@ def _equal(a: Dim, b: Dim) -> bool | None:
 
 def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
                           constants: dict[str, ShapeValue] | None = None) -> dict[str, TensorInfo]:
-    """The outputs of ``graph``'s Slice, Expand, Range, Reshape and Flatten nodes whose bounds or shapes are
+    """The outputs of ``graph``'s Slice, Expand, Range, Reshape, Flatten and Tile nodes whose bounds or shapes are
     computed from a shape (or, for Flatten, whose product ONNX does not name). ONNX reads such inputs only when
     they are constants and otherwise gives every axis a fresh symbol, the axes a Slice does not touch included.
 
@@ -460,6 +479,7 @@ def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
     - Range from 0 by 1 to a graph input's symbol has that size.
     - Reshape to a shape of known entries (0 copies the input's size; a -1 is the element count divided by the
       other sizes) and Flatten: products of the input's sizes, named ``batch*sequence``.
+    - Tile by known repeats: an axis repeated once keeps its size, a fixed size is multiplied.
     """
     given = input_symbols(graph)
     values: dict[str, ShapeValue] | None = None
@@ -539,7 +559,18 @@ def _flattened(node, infos, values, given) -> list[Dim] | None:
     return [_quotient(data.shape[:axis], [], given), _quotient(data.shape[axis:], [], given)]
 
 
-_COMPUTED = {"Slice": _sliced, "Expand": _expanded, "Range": _range, "Reshape": _reshaped, "Flatten": _flattened}
+def _tiled(node, infos, values, given) -> list[Dim] | None:
+    """An axis repeated once keeps its size, fixed sizes multiply; ONNX gives even ``sequence`` x 1 a fresh
+    symbol (GPT-J's rotary sin/cos tiled over pairs by constant repeats (1, 1, 1, 1, 2), TorchScript export)."""
+    data, repeats = infos.get(node.input[0]), values.get(node.input[1])
+    if data is None or data.shape is None or repeats is None or len(repeats[0]) != len(data.shape):
+        return None
+    return [size if count == 1 else size * count if isinstance(size, int) and isinstance(count, int) else None
+            for size, count in zip(data.shape, repeats[0])]
+
+
+_COMPUTED = {"Slice": _sliced, "Expand": _expanded, "Range": _range, "Reshape": _reshaped, "Flatten": _flattened,
+             "Tile": _tiled}
 SOLVED = frozenset({*_COMPUTED, *_WINDOWED})  # the op types whose outputs the solvers name
 
 

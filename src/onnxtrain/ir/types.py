@@ -131,9 +131,39 @@ def _over(solution: TensorInfo, own: TensorInfo | None) -> TensorInfo:
                                                 for d, o in zip(solution.shape, own.shape)))
 
 
+# Ops ONNX inference gives no output type (their schemas have no inference function, as of onnx 1.23), whose
+# output has the type and shape of input 0. Without this, every value after one (a GroupNormalization-18/21
+# before a Conv) would be untyped and no gradient rule could read it.
+SHAPE_OF_INPUT = frozenset({"GroupNormalization", "MeanVarianceNormalization"})
+
+
 def _infer_once(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
-    g = inferred.graph
+    for _ in range(sum(n.op_type in SHAPE_OF_INPUT for n in model.graph.node)):
+        if not _declare_shape_of_input(inferred.graph):
+            break
+        inferred = onnx.shape_inference.infer_shapes(inferred, strict_mode=False, data_prop=True)
+    return _infos(inferred.graph)
+
+
+def _declare_shape_of_input(graph: onnx.GraphProto) -> bool:
+    """Declare (a value info) each untyped output of a SHAPE_OF_INPUT node with its typed input 0's type;
+    whether any was."""
+    outputs = {o.name for o in graph.output}
+    typed = {vi.name: vi.type for vi in [*graph.input, *graph.value_info, *graph.output]
+             if (info := _info_from_type(vi.type)) is not None and (info.shape is not None or vi.name in outputs)}
+    typed.update({t.name: onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims)) for t in graph.initializer})
+    declared = False
+    for node in graph.node:
+        if (node.op_type in SHAPE_OF_INPUT and node.domain in ("", "ai.onnx") and node.input
+                and node.input[0] in typed and node.output and node.output[0] not in typed):
+            graph.value_info.append(onnx.helper.make_value_info(node.output[0], typed[node.input[0]]))
+            typed[node.output[0]] = typed[node.input[0]]
+            declared = True
+    return declared
+
+
+def _infos(g: onnx.GraphProto) -> dict[str, TensorInfo]:
     infos: dict[str, TensorInfo] = {}
     for init in g.initializer:
         infos[init.name] = TensorInfo(init.data_type, tuple(init.dims))
