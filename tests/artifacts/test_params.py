@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import warnings
 
 import numpy as np
@@ -118,6 +119,34 @@ def test_a_torch_name_the_exporter_replaced_says_how_to_keep_it():
                         ["other.weight"], None)
     assert "do_constant_folding" not in str(plain.value)
 
+
+
+def test_a_glob_over_a_module_names_the_weights_the_exporter_renamed():
+    """TorchScript's default constant folding stores a Linear's weight on a 3-D input as onnx::MatMul_N: a glob over
+    the layer's torch names trained its bias and missed that weight without a word."""
+    import torch
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dense, self.norm = torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)
+
+        def forward(self, x):
+            return self.norm(self.dense(x))
+
+    model = torch.nn.Sequential(Layer(), Layer())
+    buffer = io.BytesIO()
+    torch.onnx.export(model, (torch.randn(2, 3, 4),), buffer, dynamo=False, input_names=["x"])
+    graph = onnx.load_from_string(buffer.getvalue()).graph
+    weights = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    with pytest.warns(UserWarning, match=r"requires_grad: '1\.\*' matches the module of 1 weights that torch's export "
+                                         r"renamed, which it does not train: \['onnx::MatMul_\d+ \(read by "
+                                         r"/1/dense/MatMul\)'\].*do_constant_folding=False"):
+        plan = plan_parameters(graph, weights, ["1.*"], None)
+    assert "1.dense.bias" in plan.trainable and not any(p.startswith("onnx::") for p in plan.trainable)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan_parameters(graph, weights, ["1.dense.b*"], None)   # not the weight's module path: no warning
 
 def test_a_model_without_weights_says_why_nothing_trains(tmp_path, caplog):
     from onnxtrain.artifacts import LossType, OptimType, generate_artifacts

@@ -114,11 +114,33 @@ def expand_names(names: Sequence[str] | None, candidates: Sequence[str], what: s
                              + (f" (similar names: {close})" if close else f" ({len(candidates)} initializers)")
                              + (f"; {len(made_up)} initializers have names torch.onnx.export made up (e.g. "
                                 f"{made_up[:3]}): {RENAMED_BY_FOLDING}" if made_up else ""))
+        if hits and graph is not None and any(ch in name for ch in "*?["):
+            _warn_folded_misses(graph, name, candidates, hits, what)
         out += [h for h in hits if h not in out]
     if skipped:
         warnings.warn(f"{what}: {len(skipped)} names are not initializers of the model and are ignored (as "
                       f"onnxruntime-training does): {skipped[:8]}", stacklevel=3)
     return out
+
+
+def _warn_folded_misses(graph: onnx.GraphProto, pattern: str, candidates: Sequence[str], hits: list[str],
+                        what: str) -> None:
+    """Warn when a glob over torch names misses weights torch's constant folding renamed (``onnx::MatMul_N``) that
+    nodes of a module it covers read: ``layer.1.*`` would train that layer's biases and norms but not its Linear
+    weights. The module is the TorchScript node's scope (``/encoder/layer.1/attention/self/query/MatMul``)."""
+    made_up = {c for c in candidates if c.startswith("onnx::") and c not in hits}
+    if not made_up:
+        return
+    missed = []
+    for node in graph.node:
+        scope = node.name.strip("/").split("/")[:-1]
+        for x in node.input:
+            if x in made_up and scope and fnmatch.fnmatchcase(".".join(scope) + ".weight", pattern):
+                missed.append(f"{x} (read by {node.name})")
+                made_up.discard(x)
+    if missed:
+        warnings.warn(f"{what}: {pattern!r} matches the module of {len(missed)} weights that torch's export renamed, "
+                      f"which it does not train: {missed[:3]}; {RENAMED_BY_FOLDING} too", stacklevel=4)
 
 
 def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requires_grad: Sequence[str] | None,
