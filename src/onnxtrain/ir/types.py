@@ -266,7 +266,9 @@ def _merge(derived: TensorInfo | None, declared: TensorInfo, symbols: set[str],
     # a symbol of the exporter's own on two axes says they are equal, which nothing checks (the TorchScript
     # exporter, given dynamic axes for the inputs only, declared a Conv1d's [batch, C, time] output as
     # ['Convout_dim_0', 8, 'Convout_dim_0']): those axes stay unknown
-    repeated = {d for d in declared.shape if isinstance(d, str) and d not in symbols and declared.shape.count(d) > 1}
+    # (an expression of the inputs' sizes, dynamo's square attention mask '((s27//10)) - 1' twice, is kept)
+    repeated = {d for d in declared.shape if isinstance(d, str) and d.isidentifier() and d not in symbols
+                and declared.shape.count(d) > 1}
     dims, contradicted = [], False
     for found, said in zip(derived.shape, declared.shape):
         if said in repeated:
