@@ -83,3 +83,29 @@ def test_scan_with_reversed_directions_and_other_axes():
     assert [o.shape for o in ours] == [(2, 3), (2, 4, 3), (4, 2, 3)]
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_cross_entropy_far_below_the_largest_score_is_finite():
+    """A class 150 below the largest score: onnx.reference's log of the softmax gave inf (it underflows); the
+    log-sum-exp form gives onnxruntime's loss, with class weights, ignore_index and each reduction."""
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal((4, 5, 3)).astype(np.float32)
+    scores[0, 0, 1] = 150.0                       # label 2 at [0, 1] is then 150 below the largest
+    labels = np.array([[1, 2, 0], [4, -1, 3], [0, 0, 2], [1, 3, 4]], np.int64)
+    labels[0, 1] = 2
+    for reduction in ("mean", "sum", "none"):
+        for weighted in (False, True):
+            inputs = ["scores", "labels", "weights"] if weighted else ["scores", "labels"]
+            node = h.make_node("SoftmaxCrossEntropyLoss", inputs, ["loss", "log_prob"], reduction=reduction,
+                               ignore_index=-1)
+            graph = h.make_graph([node], "g", [h.make_tensor_value_info("scores", TensorProto.FLOAT, [4, 5, 3]),
+                                               h.make_tensor_value_info("labels", TensorProto.INT64, [4, 3]),
+                                               h.make_tensor_value_info("weights", TensorProto.FLOAT, [5])][
+                                                   :len(inputs)],
+                                 [h.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("loss", "log_prob")])
+            feeds = {"scores": scores, "labels": labels, "weights": rng.uniform(0.5, 2, 5).astype(np.float32)}
+            feeds = {k: v for k, v in feeds.items() if k in inputs}
+            ours, theirs = _both(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), feeds)
+            assert np.isfinite(ours[0]).all()
+            for a, b in zip(ours, theirs):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -203,6 +203,27 @@ class Loop(_Loop):
         return tuple(outputs)
 
 
+class SoftmaxCrossEntropyLoss(OpRun):
+    """onnx.reference takes the log of the softmax, which underflows to log(0) = -inf for a class far below the
+    largest score (a loss of about 104 and more in float32): the log-softmax as scores minus their log-sum-exp,
+    as onnxruntime computes it."""
+
+    op_domain = ""
+
+    def _run(self, scores, labels, weights=None, ignore_index=None, reduction=None):
+        x = np.moveaxis(scores, 1, -1)   # [N, C, d...] -> [N, d..., C]
+        shifted = x - x.max(axis=-1, keepdims=True)
+        log_prob = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+        kept = np.ones(labels.shape, bool) if ignore_index is None else labels != ignore_index
+        safe = np.where(kept, labels, 0).astype(np.int64)
+        picked = -np.take_along_axis(log_prob, safe[..., None], axis=-1)[..., 0]
+        weight = (weights[safe] if weights is not None else np.ones_like(picked)) * kept
+        loss = picked * weight
+        loss = loss.sum() if reduction == "sum" else loss if reduction == "none" else loss.sum() / weight.sum()
+        outputs = (np.asarray(loss, dtype=scores.dtype), np.moveaxis(log_prob, -1, 1).astype(scores.dtype))
+        return outputs[:len(self.onnx_node.output)]
+
+
 class Scan(_Scan):
     """onnx.reference's Scan refuses reversed directions and axes other than 0, which a reverse-direction
     recurrence and the backward of every Scan use: the scan inputs are turned to axis 0, forward, before its
@@ -241,7 +262,7 @@ class Scan(_Scan):
 
 
 PATCHED_OPS = [ConvTranspose, Erf, Gelu, GlobalLpPool, GlobalMaxPool, GridSample, LRN, LpNormalization, Loop, MaxPool,
-               Mean, Pad, Scan]
+               Mean, Pad, Scan, SoftmaxCrossEntropyLoss]
 
 
 def name_omitted_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
