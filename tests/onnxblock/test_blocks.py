@@ -217,6 +217,15 @@ def test_empty_base_with_cast_and_linear_builds_a_trainable_model():
     np.testing.assert_allclose(y, [[1, 2, 3, 4]] @ weights["linear.weight"].T + weights["linear.bias"], rtol=1e-5)
 
 
+def test_empty_base_defaults_to_an_opset_and_ir_the_oldest_supported_onnxruntime_loads():
+    """onnx 1.16's newest (opset 21, IR 10) made artifacts onnxruntime 1.17 refused to load; an explicit opset wins."""
+    with onnxblock.empty_base() as accessor:
+        model = accessor.model
+    assert model.opset_import[0].version == min(onnx.defs.onnx_opset_version(), 20)
+    assert model.ir_version <= 9
+    with onnxblock.empty_base(opset_version=13) as accessor:
+        assert accessor.model.opset_import[0].version == 13 and accessor.model.ir_version == 7
+
 def test_save_checkpoint_and_load_checkpoint_to_model(tmp_path):
     block = _TrainingLoss(onnxblock.loss.MSELoss())
     block.requires_grad("fc1.weight", False)

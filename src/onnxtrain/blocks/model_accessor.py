@@ -235,10 +235,19 @@ def custom_op_library(custom_op_library_path: str | os.PathLike) -> Iterator[Non
     yield  # pragma: no cover - never reached
 
 
+OLDEST_RUNTIME_OPSET = 20  # onnxruntime 1.17, pyproject.toml's floor
+
+
 @contextlib.contextmanager
 def empty_base(opset_version: int | None = None) -> Iterator[ModelAccessor]:
-    """Build blocks on an empty model (an optimizer graph, or a model written from scratch)."""
+    """Build blocks on an empty model (an optimizer graph, or a model written from scratch).
+
+    ``opset_version`` None: the newest opset both the installed onnx package and the oldest supported onnxruntime
+    know, with the lowest IR version that carries it, so that the artifacts load on any supported onnxruntime (the
+    onnx package's own newest, opset 21 at IR 10 in onnx 1.16, fails to load on onnxruntime 1.17)."""
+    opset = opset_version or min(onnx.defs.onnx_opset_version(), OLDEST_RUNTIME_OPSET)
+    opsets = [helper.make_opsetid("", opset)]
     model = helper.make_model(helper.make_graph([], "onnxblock", [], []), producer_name="onnxtrain",
-                              opset_imports=[helper.make_opsetid("", opset_version or onnx.defs.onnx_opset_version())])
+                              opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
     with base(model) as accessor:
         yield accessor
