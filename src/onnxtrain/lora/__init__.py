@@ -17,14 +17,15 @@ from onnxtrain.conventions import LORA_META
 from onnxtrain.errors import LoRAError
 from onnxtrain.lora.config import Adapter, LoRA, LoRAMeta, adapter_param_names
 from onnxtrain.lora.inject import InjectLoRA
-from onnxtrain.lora.merge import MergeAdapters
+from onnxtrain.lora.merge import MergeAdapters, merge_adapters
 from onnxtrain.lora.peft import read_peft_adapter, write_peft_adapter
 
 if TYPE_CHECKING:
     from onnxtrain.runtime.state import CheckpointState
 
 __all__ = ["LoRA", "LoRAMeta", "Adapter", "LORA_META", "LoRAError", "adapter_param_names", "InjectLoRA",
-           "MergeAdapters", "save_peft_adapter", "read_peft_adapter", "write_peft_adapter", "lora_meta"]
+           "MergeAdapters", "merge_adapters", "save_peft_adapter", "read_peft_adapter", "write_peft_adapter",
+           "lora_meta"]
 
 
 def lora_meta(model: onnx.ModelProto | str | os.PathLike) -> LoRAMeta:

@@ -13,7 +13,7 @@ from onnxtrain.ir.files import PROTO_LIMIT, StagedFiles, atomic_write_bytes
 from onnxtrain.ir.passes import node_inputs, prune_nodes
 from onnxtrain.ir.types import infer_tensor_info
 
-__all__ = ["export_inference_model", "write_model"]
+__all__ = ["export_inference_model", "inference_model", "write_model"]
 
 EXTERNAL_MIN_SIZE = 64  # elements: smaller tensors stay inline in a model whose weights are in PATH.data
 
@@ -23,6 +23,13 @@ def export_inference_model(eval_model: onnx.ModelProto, meta: TrainingMeta, valu
                            path: str | os.PathLike, output_names: list[str]) -> None:
     """Write the part of ``eval_model`` that computes ``output_names``, with ``values`` (parameters and
     buffers by name) as its initializers."""
+    write_model(*inference_model(eval_model, meta, values, output_names), path)
+
+
+def inference_model(eval_model: onnx.ModelProto, meta: TrainingMeta, values: dict[str, np.ndarray],
+                    output_names: list[str]) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The part of ``eval_model`` that computes ``output_names``, and the entries of ``values`` it reads (the
+    arrays themselves, not copies), to be written by :func:`write_model`."""
     graph = eval_model.graph
     infos = infer_tensor_info(eval_model)
     unknown = [n for n in output_names if n not in infos]
@@ -43,7 +50,7 @@ def export_inference_model(eval_model: onnx.ModelProto, meta: TrainingMeta, valu
                                   initializer=[i for i in graph.initializer if i.name in needed])
     model = helper.make_model(out_graph, opset_imports=list(eval_model.opset_import), producer_name="onnxtrain")
     model.ir_version = eval_model.ir_version
-    write_model(model, weights, path)
+    return model, weights
 
 
 def write_model(model: onnx.ModelProto, weights: dict[str, np.ndarray], path: str | os.PathLike) -> None:

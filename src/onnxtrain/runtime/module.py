@@ -144,7 +144,7 @@ class Module:
         ``merge_adapters=True`` folds LoRA adapters into their weights (the model then has the base model's
         nodes); otherwise they stay separate nodes.
         """
-        from onnxtrain.runtime.export import export_inference_model
+        from onnxtrain.runtime.export import inference_model, write_model
 
         run = self.training_run
         if run.eval_model is None:
@@ -153,10 +153,12 @@ class Module:
             graph_output_names = [graph_output_names]
         if merge_adapters:
             from onnxtrain.lora import lora_meta
-            from onnxtrain.lora.export import merge_exported_model
 
             adapters = lora_meta(run.eval_model)  # before writing anything: ValueError without adapters
-        export_inference_model(run.eval_model, run.meta, run.values.graph_values(), inference_model_uri,
-                               graph_output_names or run.meta.model_outputs)
+        model, weights = inference_model(run.eval_model, run.meta, run.values.graph_values(),
+                                         graph_output_names or run.meta.model_outputs)
         if merge_adapters:
-            merge_exported_model(adapters, inference_model_uri)
+            from onnxtrain.lora import merge_adapters as merge
+
+            weights = merge(model.graph, weights, adapters)
+        write_model(model, weights, inference_model_uri)
