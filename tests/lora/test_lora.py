@@ -73,10 +73,10 @@ def test_a_merged_export_copies_only_the_adapted_weights(tmp_path):
 
     big = np.random.default_rng(2).normal(size=(1024, 4096)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "Wbig"], ["h"]), helper.make_node("MatMul", ["h", "W2"], ["y"])]
+    small = RNG.normal(size=(4096, 4)).astype(np.float32)
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1024])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
-                              initializer=[numpy_helper.from_array(big, "Wbig"),
-                                           numpy_helper.from_array(RNG.normal(size=(4096, 4)).astype(np.float32), "W2")])
+                              initializer=[numpy_helper.from_array(big, "Wbig"), numpy_helper.from_array(small, "W2")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     _, module, state = _generate(tmp_path, model, LoRA(rank=2, alpha=4, targets=["W2"]))
     _randomize_b(state)
