@@ -243,3 +243,32 @@ def test_artifacts_with_every_parameter_frozen_are_not_trained(tmp_path, capsys)
     assert_one_line_error(_cli(capsys, "train", arts, "--data", tmp_path / "d.npz"), "no trainable parameters",
                           "--requires-grad")
     assert not (arts / "run").exists()
+
+
+def test_patience_stops_a_run_whose_validation_loss_stops_improving(tmp_path, capsys):
+    """--patience N ends the run N epochs after its best validation loss (best.ckpt keeps that epoch); without
+    it, every epoch runs. Validation targets of the opposite sign get worse as training fits the data."""
+    _linear(tmp_path / "m.onnx")
+    _regression_data(tmp_path / "train.npz", n=64)
+    d = np.load(tmp_path / "train.npz")
+    np.savez(tmp_path / "val.npz", x=d["x"], y=-d["y"])
+    epochs = {}
+    for patience in (0, 2):
+        out = tmp_path / f"p{patience}"
+        assert _cli(capsys, "generate", tmp_path / "m.onnx", "-o", out, "--loss", "mse").returncode == 0
+        done = _cli(capsys, "train", out, "--data", tmp_path / "train.npz", "--val", tmp_path / "val.npz",
+                    "--epochs", 8, "--batch-size", 8, "--lr", 0.05, "--patience", patience, "--progress", "none")
+        assert done.returncode == 0, done.stderr
+        records = _records(out / "run" / "metrics.jsonl")
+        losses = [r["val_loss"] for r in records if "val_loss" in r]
+        epochs[patience] = len(losses)
+        best = int(np.argmin(losses)) + 1
+        stops = [r for r in records if r.get("event") == "early_stop"]
+        if patience:
+            assert stops == [{**stops[0], "epoch": best + patience, "best_epoch": best}]
+            assert f"stopped early: no lower validation loss for {patience} epochs" in done.stdout + done.stderr
+        else:
+            assert not stops
+    assert epochs == {0: 8, 2: epochs[2]} and epochs[2] < 8
+    bad = _cli(capsys, "train", tmp_path / "p2", "--data", tmp_path / "train.npz", "--patience", -1, "--restart")
+    assert_one_line_error(bad, "--patience must be a non-negative integer")

@@ -55,6 +55,7 @@ class TrainOptions:
     metrics: list[str] | None = None  # None: accuracy for classification artifacts with predictions
     val_split: float = 0.0
     seed: int = 0
+    patience: int = 0           # early stopping: epochs without a better loss before the run stops (0: never)
 
 
 _OPTION_HELP = {
@@ -70,6 +71,8 @@ _OPTION_HELP = {
                "(default: accuracy for classification)",
     "val_split": "fraction of the training data held out for validation when --val is not given (default 0)",
     "seed": "seed of the shuffling and of --val-split (default 0)",
+    "patience": "stop early after this many epochs without a lower validation loss (training loss without "
+                "validation data); best.ckpt holds the best epoch (default 0: never)",
 }
 
 
@@ -91,6 +94,7 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--metrics", type=_metrics_list, help=_OPTION_HELP["metrics"])
     group.add_argument("--val-split", type=float, help=_OPTION_HELP["val_split"])
     group.add_argument("--seed", type=int, help=_OPTION_HELP["seed"])
+    group.add_argument("--patience", type=int, help=_OPTION_HELP["patience"])
 
 
 def given_options(args: argparse.Namespace) -> dict:
@@ -119,6 +123,7 @@ def resolve_options(given: dict, stored: dict, where: str = "the stored training
          f"a list of {', '.join(METRICS)}"),
         ("val_split", lambda v: isinstance(v, (int, float)) and 0 <= v < 1, "a fraction in [0, 1)"),
         ("seed", lambda v: isinstance(v, int) and v >= 0, "a non-negative integer"),
+        ("patience", lambda v: isinstance(v, int) and v >= 0, "a non-negative integer"),
     ]
     for key, ok, expected in checks:
         if not ok(values[key]):
@@ -138,6 +143,7 @@ class FitResult:
     log: str = ""
     plot: str | None = None
     interrupted: bool = False
+    stopped_early: bool = False
 
 
 class _StopOnSigint:
@@ -356,6 +362,14 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
                 history.append(entry)
                 record(entry)
                 log(line)
+                stale = epoch + 1 - done["best_epoch"]
+                if opts.patience and stale >= opts.patience and epoch + 1 < opts.epochs:
+                    record({"event": "early_stop", "epoch": epoch + 1, "best_epoch": done["best_epoch"],
+                            "time": time.time()})
+                    log(f"stopped early: no lower {'validation' if val is not None else 'training'} loss for {stale} "
+                        f"epochs (--patience {opts.patience}); {best} holds epoch {done['best_epoch']}")
+                    result.stopped_early = True
+                    break
                 if stop.requested:
                     if epoch + 1 < opts.epochs:
                         record({"event": "interrupted", "epoch": epoch + 1, "batch": 0, "time": time.time()})
