@@ -9,6 +9,10 @@
 - ``annotate_reshape_ranks``: ONNX shape inference of Reshape before opset 14 ignores the length of a shape
   computed at run time (tf2onnx's Tensordot and einsum write such shapes), so every value after it has no rank;
   the rank is that length.
+- Model simplifiers (onnxsim, onnxslim, onnxoptimizer's fuse passes) fold a BatchNorm into its convolution and a
+  weight's Transpose into a new constant under names of their own, and drop every node's metadata, where torch's
+  dynamo exporter keeps the records that give parameters their torch names back: ``warn_lost_torch_records`` warns
+  when a dynamo export lost them (and params.simplifier_names_hint explains the names in a requires_grad error).
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from onnxtrain.artifacts.contrib_ops import CONTRIB, LOWERED, lower_contrib_ops
 from onnxtrain.artifacts.ml_ops import lower_ml_ops
 from onnxtrain.artifacts.params import QUANTIZED_ADVICE
 from onnxtrain.ir.passes import clone, declare_as_inputs, node_inputs
+from onnxtrain.ir.torch_records import FX_NODE
 from onnxtrain.ir.types import FLOAT_TYPES, infer_tensor_info
 
-__all__ = ["Detached", "detach_foreign_ops", "annotate_reshape_ranks", "check_loss_inputs"]
+__all__ = ["Detached", "detach_foreign_ops", "annotate_reshape_ranks", "check_loss_inputs", "warn_lost_torch_records"]
 
 _SKL2ONNX_HINT = ("onnxtrain rewrites scikit-learn's linear models and scalers (LinearClassifier, LinearRegressor, "
                   "Scaler, Normalizer) as default-domain ops; tree ensembles, SVMs and other ai.onnx.ml ops have no "
@@ -220,3 +225,27 @@ def check_loss_inputs(graph: onnx.GraphProto, detached: Detached, loss_inputs: S
         if name in removed:
             raise ValueError(f"additional_output_names: {name!r} is {removed[name]}, which stock-onnxruntime "
                              f"artifacts cannot contain; compute it from {floats} after the step instead")
+
+
+_DYNAMO_NODE = re.compile(r"node_\w+")
+
+
+def warn_lost_torch_records(model: onnx.ModelProto) -> None:
+    """Warn if ``model`` is an export of torch's dynamo exporter (producer ``pytorch``, nodes named ``node_*``)
+    without the records it writes on every node (``pkg.torch.onnx.fx_node``) and on the graph (the exported
+    program's signature): a tool that rewrote the model dropped them, and with them what tells onnxtrain the
+    torch names of the parameters the exporter's optimizer transposed, merged or folded (docs/foreign-exporters.md)."""
+    graph = model.graph
+    if model.producer_name != "pytorch" or not graph.node or len(graph.metadata_props):
+        return
+    named = sum(1 for n in graph.node if _DYNAMO_NODE.fullmatch(n.name))
+    if 2 * named < len(graph.node) or any(p.key == FX_NODE for n in graph.node for p in n.metadata_props):
+        return
+    tool = " by onnxsim" if any(p.key.startswith("onnxsim.") for p in model.metadata_props) else ""
+    warnings.warn(f"the model is an export of torch.onnx.export(dynamo=True) rewritten{tool} without the exporter's "
+                  f"records ({FX_NODE} on each node, the exported program's signature on the graph), which tools "
+                  f"such as onnxsim, onnxslim and onnxoptimizer drop: the parameters the exporter's graph optimizer "
+                  f"stored transposed (val_N), merged or folded (a BatchNorm into its convolution, whose weight keeps "
+                  f"the convolution's name) train as the file has them, without their torch names and without a "
+                  f"warning naming each; generate from the model as torch.onnx.export wrote it (export with "
+                  f"optimize=False to keep every parameter)", stacklevel=4)

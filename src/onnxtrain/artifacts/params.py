@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,6 +67,27 @@ FOLDED_BY_DYNAMO = ("export with optimize=False to train it, or train the folded
                     "(requires_grad=None trains every one)")
 
 
+# The names model simplifiers give the tensors they compute from parameters (a convolution with its BatchNorm
+# folded in, a transposed weight): onnxsim's ``_v_<n>``; a folded node's output, ``/<scope>/<Op>_output_<n>``
+# (onnxslim; ``_weight``/``_bias`` appended for a fused BatchNorm); onnxoptimizer's fuse_bn_into_conv, a number.
+_SIMPLIFIER_NAMES = re.compile(r"_v_\d+|/.*_output_\d+(_weight|_bias)?|\d+")
+
+SIMPLIFIED_ADVICE = ("model simplifiers (onnxsim, onnxslim, onnxoptimizer's fuse_bn_into_conv) fold a BatchNorm into "
+                     "the convolution before it and a weight's Transpose into a new constant, so the parameters these "
+                     "were computed from are gone; train the model as the exporter wrote it (and simplify the trained "
+                     "model afterwards), or name these")
+
+
+def simplifier_names_hint(candidates: Sequence[str]) -> str:
+    """For the error of a parameter name the model lacks: ``"; <why>"`` if some of ``candidates`` (the float
+    initializers) have the names a model simplifier gives the tensors it computed, else ``""``."""
+    made = [c for c in candidates if _SIMPLIFIER_NAMES.fullmatch(c)]
+    if not made:
+        return ""
+    return (f"; {len(made)} initializers have names a model simplifier gives the tensors it computes (e.g. "
+            f"{made[:3]}): {SIMPLIFIED_ADVICE}")
+
+
 def expand_names(names: Sequence[str] | None, candidates: Sequence[str], what: str, strict: bool = True,
             graph_inputs: frozenset[str] = frozenset(), graph: onnx.GraphProto | None = None) -> list[str]:
     """Resolve names and shell-style globs against ``candidates``; unknown names are an error (``strict``) or
@@ -102,9 +124,11 @@ def expand_names(names: Sequence[str] | None, candidates: Sequence[str], what: s
                              "optimizer (dynamo=True and optimize=True, its defaults) stored it once with another "
                              "parameter of equal values (a fresh model's zero biases), read by nodes that record no "
                              "torch call to tell them apart; export with optimize=False to train it")
-        if not hits and name + "_quantized" in candidates:   # onnxruntime.quantization's name for its integers
+        # onnxruntime.quantization's names for its integers (a Gemm's transB weight is transposed first)
+        quantized = next((q for q in (name + "_quantized", name + "_Transposed_quantized") if q in candidates), None)
+        if not hits and quantized is not None:
             raise ValueError(f"{what}: {name!r} is not an initializer of the model: onnxruntime.quantization stored "
-                             f"it as the integers {name + '_quantized'!r}, which cannot train; {QUANTIZED_ADVICE}")
+                             f"it as the integers {quantized!r}, which cannot train; {QUANTIZED_ADVICE}")
         if not hits:
             # a torch name without the prefix of a wrapping module ('2.*' for 'm.2.*'), else a similar name
             close = ([c for c in candidates if fnmatch.fnmatchcase(c, "*." + name)][:5]
@@ -113,7 +137,8 @@ def expand_names(names: Sequence[str] | None, candidates: Sequence[str], what: s
             raise ValueError(f"{what}: {name!r} is not an initializer of the model"
                              + (f" (similar names: {close})" if close else f" ({len(candidates)} initializers)")
                              + (f"; {len(made_up)} initializers have names torch.onnx.export made up (e.g. "
-                                f"{made_up[:3]}): {RENAMED_BY_FOLDING}" if made_up else ""))
+                                f"{made_up[:3]}): {RENAMED_BY_FOLDING}" if made_up else "")
+                             + simplifier_names_hint(candidates))
         if hits and graph is not None and any(ch in name for ch in "*?["):
             _warn_folded_misses(graph, name, candidates, hits, what)
         out += [h for h in hits if h not in out]

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxtrain.artifacts.foreign import Detached, annotate_reshape_ranks, detach_foreign_ops
+from onnxtrain.artifacts.foreign import Detached, annotate_reshape_ranks, detach_foreign_ops, warn_lost_torch_records
 from onnxtrain.artifacts.passes.cast_like_to_cast import CastLikeToCast
 from onnxtrain.artifacts.passes.fold_index_constants import FoldIndexConstants
 from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
@@ -117,6 +117,7 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
                                  f"instead, or onnx.load it with its external data") from None
             raise ValueError(f"cannot read initializer {init.name!r}: {exc}") from None
     del original
+    warn_lost_torch_records(proto)  # a tool dropped what restore_torch_parameters reads
     restored = restore_torch_parameters(proto.graph, weights)  # dynamo's optimizer renamed or merged them
     retie_folded_transposes(proto.graph, weights)              # TorchScript's folding untied a tied head
     if restored:
