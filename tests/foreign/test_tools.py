@@ -238,3 +238,27 @@ def test_tree_models_are_refused_naming_the_op(tmp_path, name, op):
         generate_artifacts(str(TOOLS / f"{name}.onnx"), loss=LossType.MSELoss, optimizer=blocks.AdamW(),
                            artifact_directory=tmp_path)
     assert not list(tmp_path.iterdir())   # nothing half-written
+
+
+def test_weights_stored_quantized_are_named_when_requires_grad_none_trains_the_rest(tmp_path, caplog):
+    """quantize_dynamic stores BERT's embedding tables as integers read by DequantizeLinear and a Gather: nothing
+    quantizes a trained value there, so no warning said the embeddings had left the trained set."""
+    rng = np.random.default_rng(0)
+    h = onnx.helper
+    nodes = [h.make_node("DequantizeLinear", ["emb_quantized", "emb_scale", "emb_zero"], ["emb"]),
+             h.make_node("Gather", ["emb", "ids"], ["e"]), h.make_node("MatMul", ["e", "w"], ["y"])]
+    inits = [onnx.numpy_helper.from_array(rng.integers(-127, 127, (10, 4)).astype(np.int8), "emb_quantized"),
+             onnx.numpy_helper.from_array(np.array(0.02, np.float32), "emb_scale"),
+             onnx.numpy_helper.from_array(np.array(0, np.int8), "emb_zero"),
+             onnx.numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w")]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["n", 5])],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 5, 3])], initializer=inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    with caplog.at_level(logging.WARNING, logger="onnxtrain"):
+        generate_artifacts(model, loss=LossType.MSELoss, optimizer=blocks.AdamW(), artifact_directory=tmp_path / "a")
+    assert "1 weights are stored quantized" in caplog.text and "'emb_quantized'" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="onnxtrain"):
+        generate_artifacts(model, requires_grad=["w"], loss=LossType.MSELoss, optimizer=blocks.AdamW(),
+                           artifact_directory=tmp_path / "b")
+    assert "stored quantized" not in caplog.text   # the user chose what trains

@@ -23,6 +23,7 @@ from onnxtrain.artifacts.params import (
     expand_names,
     plan_parameters,
     quantized_away,
+    quantized_weights,
 )
 from onnxtrain.artifacts.passes import (
     BackwardOrder,
@@ -215,6 +216,11 @@ def generate_artifacts(
                      f"; the model is quantized ({', '.join(quantized)}): {QUANTIZED_ADVICE}" if quantized else "")
             logger.warning("no parameter trains (%s selects none): the optimizer model will update nothing; "
                            "name the parameters to train in requires_grad, or raise trainable_ops%s", chosen, cause)
+        stored_quantized = quantized_weights(source.model.graph, source.weights) if train is None else []
+        if stored_quantized and plan.trainable:
+            logger.warning("%d weights are stored quantized (integers read by DequantizeLinear, e.g. %r): they "
+                           "cannot train, so requires_grad=None trains only the float ones left; %s",
+                           len(stored_quantized), stored_quantized[0], QUANTIZED_ADVICE)
         away = quantized_away(source.model.graph, plan.trainable)
         if away:
             logger.warning("%d trainable parameters (e.g. %r) are read by a quantizing op (%s): no gradient flows "

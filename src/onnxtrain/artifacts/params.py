@@ -418,6 +418,13 @@ def quantized_away(graph: onnx.GraphProto, trainable: Sequence[str]) -> list[str
     return [p for p in trainable if p in read]
 
 
+
+def quantized_weights(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> list[str]:
+    """The integer initializers a DequantizeLinear reads: weights stored quantized, which cannot train (dynamic
+    quantization's embedding tables and MatMul weights, a QDQ model's weights)."""
+    return list(dict.fromkeys(n.input[0] for n in graph.node if n.op_type == "DequantizeLinear" and n.input
+                              and n.input[0] in weights and weights[n.input[0]].dtype.kind in "iu"))
+
 def _by_dtype(weights: dict[str, np.ndarray], names: Sequence[str]) -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
     for n in names:
