@@ -78,3 +78,31 @@ def test_generate_artifacts_trains_through_a_dynamo_style_split(tmp_path):
     model.graph.output[0].type.tensor_type.elem_type = FLOAT
     generate_artifacts(model, loss=LossType.MSELoss, artifact_directory=tmp_path)
     assert list(load_checkpoint(tmp_path / "checkpoint").trainable) == ["w"]
+
+
+def test_sizes_computed_at_run_time_split_the_same_way():
+    """CvT's torch.split(x, [1, height * width], 1), exported by dynamo: the sizes are read from the input's shape,
+    so they are no constant; their count is static, so the Split reads them at run time (no gradient rule for
+    SequenceAt stopped generation)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array(v, np.int64), name)
+             for name, v in (("one", [1]), ("axis1", [1]), ("p0", 0), ("p1", 1))]
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "axis1"], ["width"]),
+             helper.make_node("Sub", ["width", "one"], ["rest"]),
+             helper.make_node("Concat", ["one", "rest"], ["sizes"], axis=0),
+             helper.make_node("SplitToSequence", ["x", "sizes"], ["seq"], axis=1),
+             helper.make_node("SequenceAt", ["seq", "p0"], ["cls"]),
+             helper.make_node("SequenceAt", ["seq", "p1"], ["tokens"]),
+             helper.make_node("Mul", ["cls", "tokens"], ["output"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, ["b", "n"])],
+                              [helper.make_tensor_value_info("output", onnx.TensorProto.DOUBLE, ["b", None])],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    result = SequencesToSplit()(model)
+    assert result.modified and {"SplitToSequence", "SequenceAt"}.isdisjoint(n.op_type for n in result.model.graph.node)
+    for width in (4, 7):
+        x = rng.standard_normal((3, width))
+        np.testing.assert_allclose(run_model(result.model, {"x": x})[0], x[:, :1] * x[:, 1:], rtol=1e-12)
+        report = check_gradients(result.model, {"x": x}, ["x"])
+        assert report.ok, report

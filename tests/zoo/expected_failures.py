@@ -50,6 +50,27 @@ _INCEPTION_DYNAMO_DIVERGES = "AssertionError: loss did not decrease in 20 AdamW 
 # timm's EVA attention passes is_causal as a tensor, which the TorchScript tracer refuses (dynamo exports it)
 _EVA02_TORCHSCRIPT = ("TypeError: scaled_dot_product_attention(): argument 'is_causal' must be bool, not Tensor")
 
+# Architectures probed on 2026-11-28 (session 20):
+# a 0-d parameter (CLIP's learned temperature) is not trained under requires_grad=None in a TorchScript export, which
+# keeps no torch names (artifacts/params.py warns and says how to name it); the dynamo export's records name it
+_CLIP_SCALAR = "AssertionError: not trained: ['model.logit_scale'] (trainable: 77, torch: 78)"
+# VOLO's Fold (col2im) has a TorchScript symbolic from opset 18 only; the zoo exports at opset 17 (dynamo trains)
+_VOLO_TORCHSCRIPT = ("UnsupportedOperatorError: Exporting the operator 'aten::col2im' to ONNX opset version 17 is not "
+                     "supported. Support for this operator was added in version 18, try exporting with this version")
+# the dynamo export bakes Sequencer2d's LSTM reshapes at the export size: the source model itself fails in
+# onnxruntime at 96 px
+_SEQUENCER_DYNAMO = ("ExecutionError: the training step failed in a Reshape node ('node__unsafe_view_2'): ... Input "
+                     "shape:{52,13,16}, requested shape:{4,13,13,11}")
+# torch.export declares the anchors axis of SSDlite's output as an expression that is wrong at other sizes
+# (6//(a*b) anchors per location on the 1/64 map: 4 where there are 24 at 96 px); the labels' declared shape comes
+# from it, so correct labels are refused at 96 px (292 anchors declared, 312 computed)
+_SSDLITE_DYNAMO = "InputError: training step: input 'labels' expects 6*((((s0 - 1)//16)) + 1)*... =292 on axis 1"
+_NEST_DYNAMO = "ConversionError: Failed to convert the exported program to an ONNX model."
+_TWINS_DYNAMO = "ConversionError: Failed to convert the exported program to an ONNX model."
+_LAYOUTLMV3_DYNAMO = "ConversionError: Failed to decompose the FX graph for ONNX compatibility."
+# inference-mode BatchNorm on a random network (as EfficientNet-B0's): AdamW at the harness's learning rate diverges
+_VISFORMER_EVAL_DIVERGES = "AssertionError: loss did not decrease in 20 AdamW steps: 1.808 -> 94.72"
+
 EXPECTED_FAILURES: dict[tuple[str, ...], str] = {
     **{("falcon", e): _FALCON_TORCHSCRIPT for e in ("torchscript-train", "torchscript-eval")},
     **{("falcon", "dynamo", c): _FALCON_DYNAMO for c in ("base", "batch", "size", "trains", "exports")},
@@ -64,4 +85,13 @@ EXPECTED_FAILURES: dict[tuple[str, ...], str] = {
     **{("mobilevit_xxs", e, c): _MOBILEVIT_TRACED for e in ("torchscript-train", "torchscript-eval")
        for c in ("size", "exports")},
     ("t5_encoder", "dynamo"): _T5_DYNAMO,
+    **{("clip", e, c): _CLIP_SCALAR for e in ("torchscript-train", "torchscript-eval") for c in ("base", "batch")},
+    **{("volo", e): _VOLO_TORCHSCRIPT for e in ("torchscript-train", "torchscript-eval")},
+    **{("sequencer2d", "dynamo", c): _SEQUENCER_DYNAMO for c in ("size", "exports")},
+    **{("ssdlite", "dynamo", c): _SSDLITE_DYNAMO for c in ("size", "exports")},
+    ("nest", "dynamo"): _NEST_DYNAMO,
+    ("layoutlmv3", "dynamo"): _LAYOUTLMV3_DYNAMO,
+    ("twins_svt", "dynamo"): _TWINS_DYNAMO,
+    **{("mc3_18", "dynamo", c): _R3D_DYNAMO for c in ("base", "batch", "size", "trains", "exports")},
+    ("visformer", "dynamo", "trains"): _VISFORMER_EVAL_DIVERGES,
 }

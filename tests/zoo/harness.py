@@ -145,6 +145,7 @@ class Run:
         self.export_error = self.generate_error = None
         self.generate_seconds = None
         self._module = None
+        self._deterministic = False
         try:
             export(spec, exporter, self.model, self.onnx_path, self.dynamic_size)
         except Exception as exc:  # noqa: BLE001 - recorded: the report names it, the tests fail with it
@@ -252,6 +253,19 @@ def float64_gradients(run: Run, inputs, labels) -> dict[str, np.ndarray]:
     return {n: outputs[grad_output_name(n)] for n, p in state.parameters if p.requires_grad}
 
 
+def check_deterministic(run: Run, inputs, labels, loss: float, grads: dict) -> None:
+    """torch's float64 loss and gradients are the same on a second run: a model left random in training mode
+    (a Dropout with p > 0) would make torch's float32 and float64 runs disagree, and the tolerance, which allows
+    5x torch float32's own error, would then pass any gradient."""
+    torch = _torch()
+    again_loss, again = torch_loss_and_grads(run, inputs, labels, torch.float64)
+    moved = [n for n, g in grads.items() if (g is None) != (again[n] is None) or
+             g is not None and not np.allclose(g, again[n], rtol=1e-9, atol=1e-12)]
+    assert abs(again_loss - loss) <= 1e-12 * max(1.0, abs(loss)) and not moved, (
+        f"torch's own float64 runs differ (loss {loss:.6g}, then {again_loss:.6g}; gradients of {moved[:2]}): the "
+        "model is random in training mode (dropout left on?), so no gradient can be compared")
+
+
 def gradient_error(run: Run, case: str, seed: int, exact_check: bool = False) -> tuple[float, str]:
     """(worst error / tolerance, message) over every parameter for one batch; raises on a wrong loss or
     parameter set."""
@@ -264,6 +278,9 @@ def gradient_error(run: Run, case: str, seed: int, exact_check: bool = False) ->
     module.lazy_reset_grad()
     loss = float(module(*inputs, labels)[0])
     ref_loss, ref64 = torch_loss_and_grads(run, inputs, labels, torch.float64)
+    if not run._deterministic:
+        check_deterministic(run, inputs, labels, ref_loss, ref64)
+        run._deterministic = True
     loss32, ref32 = torch_loss_and_grads(run, inputs, labels, torch.float32)
     # as for the gradients: within 5x torch float32's own error where that is larger (training-mode BatchNorm over
     # a few values per channel: Inception-v3's last blocks at 96 px, torch float32 2e-3 off its float64 loss)

@@ -35,6 +35,7 @@ class Spec:
     batches: tuple[int, int] = (4, 3)
     output_axes: dict[int, str] | None = None
     quick: tuple[str, ...] = ()  # the exporters checked in the default test run (the rest: -m slow)
+    skip: tuple[str, ...] = ()  # exporters not run at all (an export that takes many minutes: see the entry)
 
 
 def _image(batch, size, rng):
@@ -370,13 +371,303 @@ def _recurrent(cell: str, **kwargs):
     return build
 
 
-def _vision(name, package, build, sizes=(64, 96), quick=(), axes=IMAGE_AXES):
-    return Spec(name, package, build, _image, _classes, sizes if axes else (sizes[0], None), axes, quick=quick)
+def _vision(name, package, build, sizes=(64, 96), quick=(), axes=IMAGE_AXES, skip=()):
+    return Spec(name, package, build, _image, _classes, sizes if axes else (sizes[0], None), axes, quick=quick,
+                skip=skip)
 
 
 def _text(name, build, labels=_classes, quick=(), output_axes=None):
     return Spec(name, "transformers", build, _tokens, labels, (8, 12), SEQUENCE_AXES, batches=(2, 3),
                 output_axes=output_axes, quick=quick)
+
+
+# -- architectures probed on 2026-11-28 (session 20) as ones nobody here had tried --------------------------------
+
+def _bytes(batch, size, rng):
+    """Perceiver's byte-level ids (6 special tokens, then the 256 byte values)."""
+    return (rng.integers(6, 262, (batch, size)).astype(np.int64),)
+
+
+def perceiver():
+    """Perceiver IO on bytes: cross-attention from 4 learned latents to the input, self-attention over the latents."""
+    from transformers import PerceiverConfig, PerceiverForSequenceClassification
+
+    config = PerceiverConfig(num_latents=4, d_latents=16, d_model=16, num_blocks=1, num_self_attends_per_block=1,
+                             num_self_attention_heads=2, num_cross_attention_heads=1, vocab_size=262,
+                             max_position_embeddings=32, num_labels=CLASSES, attention_probs_dropout_prob=0.0)
+    return Logits.wrap(PerceiverForSequenceClassification(config))
+
+
+def _frames(batch, size, rng):
+    """4 video frames of ``size`` px, (batch, frames, channels, height, width) as VideoMAE reads them."""
+    return (rng.standard_normal((batch, 4, 3, size, size)).astype(np.float32),)
+
+
+def videomae():
+    """VideoMAE: tubelet embedding (a Conv3d over 2 frames), fixed sinusoidal positions, mean pooling."""
+    from transformers import VideoMAEConfig, VideoMAEForVideoClassification
+
+    config = VideoMAEConfig(image_size=32, patch_size=8, num_frames=4, tubelet_size=2, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0, use_mean_pooling=True, **_SMALL_HF)
+    return Logits.wrap(VideoMAEForVideoClassification(config))
+
+
+def vit_mae():
+    """ViT-MAE's encoder with its masking: half the patches kept, chosen by an argsort of per-patch noise (here the
+    patches' sums, so that torch and the export keep the same ones), gathered and mean-pooled into a classifier."""
+    import torch
+    from transformers import ViTMAEConfig, ViTMAEModel
+
+    config = ViTMAEConfig(image_size=32, patch_size=8, mask_ratio=0.5, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=32)
+    encoder = ViTMAEModel(config)
+    encoder.embeddings.position_embeddings.requires_grad_(True)  # a fixed sin-cos table in torch; exports train it
+
+    class _Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = encoder
+            self.head = torch.nn.Linear(16, CLASSES)
+
+        def forward(self, x):
+            noise = x.unfold(2, 8, 8).unfold(3, 8, 8).sum((1, 4, 5)).reshape(x.shape[0], -1)
+            return self.head(self.model(x, noise=noise).last_hidden_state.mean(1))
+
+    return _Masked()
+
+
+def _two_towers(model_class: str, config_class: str):
+    """CLIP / SigLIP with both towers: the image embeddings against the text embeddings of CLASSES fixed prompts (a
+    buffer), scaled (and for SigLIP shifted) by the learned temperature: the image half of the contrastive loss is
+    the cross-entropy over these logits."""
+
+    def build():
+        import torch
+        import transformers
+
+        text = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    max_position_embeddings=16)
+        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+                      patch_size=8)
+        extra = dict(projection_dim=8) if model_class == "CLIPModel" else {}
+        inner = getattr(transformers, model_class)(getattr(transformers, config_class)(
+            text_config=text, vision_config=vision, **extra))
+
+        class _Contrastive(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = inner
+                self.register_buffer("prompts", torch.randint(2, VOCAB, (CLASSES, 6)))
+
+            def forward(self, x):
+                return self.model(input_ids=self.prompts, pixel_values=x).logits_per_image
+
+        return _Contrastive()
+
+    return build
+
+
+def _depth_classes():
+    """GLPN: a SegFormer encoder with a depth decoder (selective feature fusion, bilinear upsampling); the depth map
+    through a 1x1 convolution gives per-pixel class scores."""
+    import torch
+    from transformers import GLPNConfig, GLPNForDepthEstimation
+
+    config = GLPNConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16], patch_sizes=[7, 3],
+                        strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2], decoder_hidden_size=8,
+                        drop_path_rate=0.0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                        head_in_index=-1, max_depth=10)
+    inner = GLPNForDepthEstimation(config)
+
+    class _Depth(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = inner
+            self.head = torch.nn.Conv2d(1, CLASSES, 1)
+
+        def forward(self, x):
+            return self.head(self.model(x).predicted_depth.unsqueeze(1))
+
+    return _Depth()
+
+
+def dpt():
+    """DPT: a ViT whose layers are reassembled into a feature pyramid (transposed convolutions, a strided
+    convolution), fused by residual units with bilinear upsampling; logits at twice the input size."""
+    from transformers import DPTConfig, DPTForSemanticSegmentation
+
+    config = DPTConfig(hidden_size=16, num_hidden_layers=4, num_attention_heads=2, intermediate_size=32, image_size=32,
+                       patch_size=8, backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[8, 8, 16, 16],
+                       fusion_hidden_size=16, reassemble_factors=[4, 2, 1, 0.5], hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.0, num_labels=CLASSES, semantic_classifier_dropout=0.0,
+                       use_auxiliary_head=False, head_in_index=-1)
+    return Logits.wrap(DPTForSemanticSegmentation(config))
+
+
+def _double_size_pixel_classes(inputs, rng):
+    batch, _, height, width = inputs[0].shape
+    return rng.integers(0, CLASSES, (batch, 2 * height, 2 * width)).astype(np.int64)
+
+
+def _detection_tokens():
+    """YOLOS: a ViT with 5 detection tokens and position embeddings interpolated to the input size; the detection
+    tokens' class scores, (batch, classes + 1, tokens)."""
+    import torch
+    from transformers import YolosConfig, YolosForObjectDetection
+
+    config = YolosConfig(image_size=[32, 32], patch_size=8, num_detection_tokens=5, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=32, num_labels=CLASSES - 1)
+    inner = YolosForObjectDetection(config)
+
+    class _Tokens(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = inner
+
+        def forward(self, x):
+            return self.model(x).logits.transpose(1, 2)
+
+    return _Tokens()
+
+
+def _token_classes(inputs, rng):
+    return rng.integers(0, CLASSES, (len(inputs[0]), 5)).astype(np.int64)
+
+
+def _torchvision_direct(module: str, cls: str, **kwargs):
+    """A torchvision architecture from its class, where the named builders fix a size the zoo cannot afford."""
+
+    def build():
+        import importlib
+
+        from tests.zoo.vision import import_torchvision
+
+        import_torchvision()
+        return getattr(importlib.import_module(module), cls)(num_classes=CLASSES, **kwargs)
+
+    return build
+
+
+def _timm_direct(module: str, cls: str, **kwargs):
+    """A timm architecture from its class, with depths its named configurations fix."""
+
+    def build():
+        import importlib
+
+        return getattr(importlib.import_module(module), cls)(num_classes=CLASSES, drop_path_rate=0.0, **kwargs)
+
+    return build
+
+
+def ssdlite():
+    """SSDlite320's MobileNetV3 feature extractor, its extra blocks and its classification head (depthwise separable
+    convolutions per feature map, flattened and concatenated): class scores per anchor, (batch, classes, anchors)."""
+    import torch
+
+    from tests.zoo.vision import import_torchvision
+
+    detector = import_torchvision().models.detection.ssdlite320_mobilenet_v3_large(
+        weights=None, weights_backbone=None, num_classes=CLASSES)
+
+    class _Anchors(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = detector.backbone
+            self.head = detector.head.classification_head
+
+        def forward(self, x):
+            return self.head(list(self.backbone(x).values())).transpose(1, 2)
+
+    return _Anchors()
+
+
+def _anchor_classes(inputs, rng):
+    """A class per SSDlite anchor: 6 per location of its six feature maps (strides 16 and 32, then halved 4 times)."""
+    batch, _, height, _ = inputs[0].shape
+    sizes = [-(-height // 16)]
+    for _ in range(5):
+        sizes.append(-(-sizes[-1] // 2))
+    return rng.integers(0, CLASSES, (batch, sum(6 * s * s for s in sizes))).astype(np.int64)
+
+
+def deeplabv3():
+    """torchvision's DeepLabV3 on MobileNetV3-Large: atrous spatial pyramid pooling (dilated convolutions and a
+    pooled branch upsampled to the map), logits upsampled to the input size; its Dropout off."""
+    import torch
+
+    from tests.zoo.vision import import_torchvision
+
+    net = import_torchvision().models.segmentation.deeplabv3_mobilenet_v3_large(
+        weights=None, weights_backbone=None, num_classes=CLASSES, aux_loss=False)
+    for module in net.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+    class _Out(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return self.net(x)["out"]
+
+    return _Out()
+
+def _words_and_boxes(batch, size, rng):
+    """LayoutLMv3's text and layout in one int64 tensor, (batch, tokens, 5): a token id and its box (x0, y0, x1, y1)."""
+    ids = rng.integers(2, VOCAB, (batch, size, 1))
+    corner = rng.integers(0, 500, (batch, size, 2))
+    return (np.concatenate([ids, corner, corner + rng.integers(1, 400, (batch, size, 2))], -1).astype(np.int64),)
+
+
+def layoutlmv3():
+    """LayoutLMv3 on text and boxes (no image): x, y, width and height embeddings of each token's box added to its
+    word and position embeddings. The relative and spatial attention biases stay off: torch computes them under
+    no_grad, so their tables get no gradient in torch but would in any export."""
+    import torch
+    from transformers import LayoutLMv3Config, LayoutLMv3ForSequenceClassification
+
+    config = LayoutLMv3Config(vocab_size=VOCAB, max_position_embeddings=40, max_2d_position_embeddings=1024,
+                              coordinate_size=3, shape_size=2, has_relative_attention_bias=False,
+                              has_spatial_attention_bias=False, visual_embed=False, hidden_dropout_prob=0.0,
+                              attention_probs_dropout_prob=0.0, classifier_dropout=0.0, pad_token_id=1, **_SMALL_HF)
+    inner = LayoutLMv3ForSequenceClassification(config)
+
+    class _Boxes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = inner
+
+        def forward(self, x):
+            return self.model(input_ids=x[..., 0], bbox=x[..., 1:]).logits
+
+    return _Boxes()
+
+
+def cvt():
+    """CvT: convolutional token embeddings, queries, keys and values from depthwise convolutions with BatchNorm
+    over the token grid (keys and values strided), a class token in the last stage only (torch.split of the
+    tokens, by sizes read from the shape)."""
+    from transformers import CvtConfig, CvtForImageClassification
+
+    stages = 3
+    config = CvtConfig(embed_dim=[8, 16, 16], num_heads=[1, 2, 2], depth=[1, 2, 3], patch_sizes=[7, 3, 3],
+                       patch_stride=[4, 2, 2], patch_padding=[2, 1, 1], mlp_ratio=[2.0] * stages,
+                       attention_drop_rate=[0.0] * stages, drop_rate=[0.0] * stages, drop_path_rate=[0.0] * stages,
+                       qkv_bias=[True] * stages, cls_token=[False, False, True],
+                       qkv_projection_method=["dw_bn"] * stages,
+                       kernel_qkv=[3] * stages, padding_kv=[1] * stages, stride_kv=[2] * stages,
+                       padding_q=[1] * stages, stride_q=[1] * stages, num_labels=CLASSES)
+    return Logits.wrap(CvtForImageClassification(config))
+
+
+def mc3_18():
+    """torchvision's mixed-convolution video ResNet: a 3D stem and first stage, 2D-in-3D convolutions after."""
+    from tests.zoo.vision import import_torchvision
+
+    return import_torchvision().models.video.mc3_18(weights=None, num_classes=CLASSES)
 
 
 ZOO: dict[str, Spec] = {s.name: s for s in [
@@ -603,4 +894,87 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     _text("phi3", _hf("Phi3ForSequenceClassification", "Phi3Config", vocab_size=VOCAB, hidden_size=16,
                       intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                       max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0, attn_implementation="eager")),
+    # probed on 2026-11-28 (session 20) as architectures nobody here had tried, with the TorchScript (training
+    # mode) and dynamo exporters (/tmp/gp/h_arch; slow only):
+    # two-stream relative attention (content and query streams), relative position encodings, einsum everywhere
+    _text("xlnet", _hf("XLNetForSequenceClassification", "XLNetConfig", vocab_size=VOCAB, d_model=16, n_layer=2,
+                       n_head=2, d_inner=32, dropout=0.0, num_labels=CLASSES, summary_last_dropout=0.0)),
+    # BigBird with full attention (its block-sparse form needs sequences of many blocks)
+    _text("big_bird", _hf("BigBirdForSequenceClassification", "BigBirdConfig", vocab_size=VOCAB,
+                          max_position_embeddings=64, attention_type="original_full", hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0, **_SMALL_HF)),
+    # cross-attention from learned latents to the bytes; the byte positions fix the length
+    Spec("perceiver", "transformers", perceiver, _bytes, _classes, (8, None), {}, batches=(2, 3)),
+    # video: a Conv3d tubelet embedding, frames-first input
+    Spec("videomae", "transformers", videomae, _frames, _classes, (32, None), {}, batches=(2, 3)),
+    # random masking made deterministic: an argsort (TopK) of per-patch noise, a Gather of the kept patches
+    _vision("vit_mae", "transformers", vit_mae, sizes=(32, None), axes={}),
+    # both CLIP towers and the learned temperature (a 0-d parameter, which requires_grad=None does not train in a
+    # TorchScript export: expected_failures.py)
+    _vision("clip", "transformers", _two_towers("CLIPModel", "CLIPConfig"), sizes=(32, None), axes={}),
+    # SigLIP: both towers, a learned temperature and bias, an attention-pooling head
+    _vision("siglip", "transformers", _two_towers("SiglipModel", "SiglipConfig"), sizes=(32, None), axes={}),
+    # depth decoder on a SegFormer encoder: Resizes by constant scales joined to the encoder's maps
+    Spec("glpn", "transformers", _depth_classes, _image, _full_size_pixel_classes, (64, 96), IMAGE_AXES,
+         output_axes=IMAGE_AXES, batches=(2, 3)),
+    # a ViT reassembled into a pyramid by transposed and strided convolutions; the position embedding fixes the size
+    Spec("dpt", "transformers", dpt, _image, _double_size_pixel_classes, (32, None), {}, batches=(2, 3)),
+    # detection tokens and position embeddings interpolated (bicubic) to the input size
+    Spec("yolos", "transformers", _detection_tokens, _image, _token_classes, (32, 48), IMAGE_AXES, batches=(2, 3)),
+    # torchvision's ViT at a tiny width (class token, its own MLP block layout)
+    _vision("vit_tv", "torchvision", _torchvision_direct("torchvision.models.vision_transformer", "VisionTransformer",
+                                                         image_size=32, patch_size=8, num_layers=2, num_heads=2,
+                                                         hidden_dim=16, mlp_dim=32), sizes=(32, None), axes={}),
+    # torchvision's MaxViT: MBConv, block and grid attention with relative position bias over 2x2 partitions
+    _vision("maxvit_t", "torchvision", _torchvision_direct("torchvision.models.maxvit", "MaxVit", input_size=(64, 64),
+                                                           stem_channels=16, partition_size=2, block_channels=[16, 32],
+                                                           block_layers=[1, 1], head_dim=8, stochastic_depth_prob=0.0),
+            sizes=(64, None), axes={}),
+    # atrous spatial pyramid pooling, a pooled branch upsampled to the map, logits upsampled to the input
+    Spec("deeplabv3", "torchvision", deeplabv3, _image, _full_size_pixel_classes, (64, 96), IMAGE_AXES,
+         output_axes=IMAGE_AXES, batches=(2, 3)),
+    # SSDlite's classification head over six feature maps, flattened and concatenated per anchor
+    Spec("ssdlite", "torchvision", ssdlite, _image, _anchor_classes, (64, 96), IMAGE_AXES, output_axes={2: "anchors"},
+         batches=(2, 3)),
+    # inception depthwise convolutions on channel splits (square, 1x11 and 11x1 bands, identity)
+    _vision("inception_next", "timm", _timm("inception_next_tiny", depths=(1, 1, 1, 1), dims=(16, 32, 32, 32),
+                                            drop_path_rate=0.0)),
+    # outlook attention: attention weights per window from a Linear, applied through Unfold and Fold (col2im)
+    _vision("volo", "timm", _timm_direct("timm.models.volo", "VOLO", layers=(1, 1, 1, 1), img_size=64,
+                                         embed_dims=(32, 64, 64, 64), num_heads=(1, 2, 2, 2)),
+            sizes=(64, None), axes={}),
+    # bidirectional LSTMs along the rows and along the columns of the token grid
+    _vision("sequencer2d", "timm", _timm("sequencer2d_s", layers=(1, 1, 1, 1), embed_dims=(16, 32, 32, 32),
+                                         hidden_sizes=(8, 16, 16, 16), drop_path_rate=0.0), sizes=(64, 96)),
+    # dual attention: spatial windows padded to a multiple of the window (F.pad with pads computed at run time) and
+    # channel attention; the dynamo export takes more than 7 minutes, so only TorchScript runs
+    _vision("davit", "timm", _timm("davit_tiny", depths=(1, 1, 1, 1), embed_dims=(16, 32, 32, 32),
+                                   num_heads=(1, 2, 2, 2), drop_path_rate=0.0), skip=("dynamo",)),
+    # nested hierarchical transformer: attention within blocks, aggregated by convolution and max pooling
+    _vision("nest", "timm", _timm_direct("timm.models.nest", "Nest", img_size=64, patch_size=4,
+                                         embed_dims=(16, 32, 32), num_heads=(1, 2, 2), depths=(1, 1, 1)),
+            sizes=(64, None), axes={}),
+    # global context attention (queries from a pooled global token), window attention
+    _vision("gcvit", "timm", _timm("gcvit_xxtiny", img_size=64, window_size=(2, 2, 2, 1), drop_path_rate=0.0),
+            sizes=(64, None), axes={}),
+    # two branches of different patch sizes exchanging class tokens by cross-attention
+    _vision("crossvit", "timm", _timm("crossvit_tiny_240", img_size=120, drop_path_rate=0.0), sizes=(120, None),
+            axes={}),
+    # convolutional stages then transformer stages with BatchNorm in place of LayerNorm
+    _vision("visformer", "timm", _timm("visformer_tiny", img_size=64, drop_path_rate=0.0), sizes=(64, None),
+            axes={}),
+    # text with a box per token (x, y, width and height embeddings), packed with the ids into one input
+    Spec("layoutlmv3", "transformers", layoutlmv3, _words_and_boxes, _classes, (8, 12), SEQUENCE_AXES, batches=(2, 3)),
+    # convolutional projections with BatchNorm over the token grid; the dynamo export splits by run-time sizes
+    _vision("cvt", "transformers", cvt),
+    Spec("mc3_18", "torchvision", mc3_18, _video, _classes, (32, 48), {3: "height", 4: "width"}, batches=(2, 3)),
+    # serial and parallel blocks with convolutional relative position encoding (factorized attention)
+    _vision("coat", "timm", _timm("coat_lite_tiny", img_size=64, drop_path_rate=0.0), sizes=(64, None), axes={}),
+    # attention with a talking-heads mix and a strided local downsampling of the queries, BatchNorm everywhere;
+    # the attention biases fix the size
+    _vision("efficientformerv2", "timm", _timm("efficientformerv2_s0", img_size=64, drop_path_rate=0.0),
+            sizes=(64, None), axes={}),
+    # locally grouped attention over windows (padded to a multiple of the window) and global sub-sampled
+    # attention, convolutional position encodings
+    _vision("twins_svt", "timm", _timm("twins_svt_small", img_size=64, depths=(1, 1, 1, 1), drop_path_rate=0.0)),
 ]}

@@ -18,6 +18,10 @@ CASES = [
     ("wav2vec2", "dynamo", True),              # ((s27//10)) - 1 declared for floor((s27-10)/10): 29 before
     ("segformer", "dynamo", True),             # 14 before
     ("deberta_v2", "torchscript-eval", True),  # batch times heads as a product name: 14 before
+    ("davit", "torchscript-train", True),      # windows padded by F.pad with pads computed at run time: 40 before
+    ("coat", "torchscript-train", True),       # the same F.pad pattern: 16 before
+    ("efficientformerv2", "torchscript-train", True),  # Resize by scales written as Concat([1, 1], [2, 2]): 17 before
+    ("twins_svt", "torchscript-train", True),  # tokens back on a grid of (height // 4) rows: 8 before
 ]
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 import ast
 import collections
 import math
+import re
 
+import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
@@ -231,6 +233,8 @@ def solve_windows(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
     solved: dict[str, TensorInfo] = {}
 
     def window(dim) -> _Window | None:
+        if _is_padded_size(dim) and dim not in windows:
+            windows[dim] = (dim, 0, 1)
         return windows.get(dim) if isinstance(dim, str) else None
 
     def settle(name: str, shape: tuple, sizes: dict[int, _Window]) -> None:
@@ -358,11 +362,17 @@ def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo], constant
     Where(Equal(shape, -1), ..., shape)."""
     values = dict(constants)
     flags: dict[str, tuple[bool | None, ...]] = {}  # Equal nodes' outputs, where known
+    matrices: dict[str, np.ndarray] = {}  # 2-D integer values (torch's pads, Reshape(-1, 2)), entries as objects
     for node in graph.node:
-        if node.op_type not in _FOLLOWED or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+        if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
             continue
         known = [values.get(x) for x in node.input]
-        if node.op_type != "Shape" and not any(known) and node.input[0] not in flags:
+        if node.op_type in _MATRIX_STEPS and node.input and (known[0] is not None or node.input[0] in matrices) \
+                and _matrix_step(node, known, values, matrices):
+            continue
+        if node.op_type not in _FOLLOWED or (node.op_type != "Shape" and not any(known)
+                                             and node.input[0] not in flags):
+            _unknown_entries(node.output[0], infos, values)
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         result: ShapeValue | None = None
@@ -385,6 +395,15 @@ def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo], constant
             fill = numpy_helper.to_array(attrs["value"]).reshape(-1)
             if fill.dtype.kind in "iu" and fill.size == 1:
                 result = ((int(fill[0]),) * known[0][0][0], False)
+        elif node.op_type == "Div" and len(known) == 2 and None not in known and \
+                infos.get(node.output[0]) is not None and infos[node.output[0]].elem_type in _INTEGER_TYPES and \
+                len(known[1][0]) == 1 and isinstance(known[1][0][0], int) and known[1][0][0] > 0 and \
+                any(_named_window(d, given) for d in known[0][0]):
+            # a size divided by a patch size (timm's ``H // patch``, tokens back to a grid): named as a convolution
+            # of that stride names its output (solve_windows), so the two meet under one name
+            divisor = known[1][0][0]
+            result = (tuple(_integer_division(d, divisor) if isinstance(d, int) else _divided(d, divisor, given)
+                            for d in known[0][0]), known[0][1] and known[1][1])
         elif node.op_type in _INTEGER_ARITHMETIC and len(known) == 2 and None not in known and \
                 all(isinstance(d, int) for k in known for d in k[0]) and \
                 (1 in (len(known[0][0]), len(known[1][0])) or len(known[0][0]) == len(known[1][0])):
@@ -431,7 +450,107 @@ def _shape_values(graph: onnx.GraphProto, infos: dict[str, TensorInfo], constant
                       left_scalar and right_scalar)
         if result is not None:
             values[node.output[0]] = result
+        else:
+            _unknown_entries(node.output[0], infos, values)
     return values
+
+
+_MATRIX_STEPS = frozenset({"Reshape", "Transpose", "Slice", "Cast", "Identity"})
+_INTEGER_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16,
+                            onnx.TensorProto.INT8, onnx.TensorProto.UINT64, onnx.TensorProto.UINT32,
+                            onnx.TensorProto.UINT16, onnx.TensorProto.UINT8})
+
+
+def _unknown_entries(name: str, infos: dict[str, TensorInfo], values: dict[str, ShapeValue]) -> None:
+    """An integer scalar or short vector whose entries are not followed (a Mod, a value read from data) still
+    has a known length: its entries are None, so that a Concat with known entries keeps those (torch's pads
+    ``[0, w % 7, 0, h % 7]``)."""
+    info = infos.get(name)
+    if info is None or info.elem_type not in _INTEGER_TYPES or name in values:
+        return
+    shape = info.static_shape
+    if shape is None or len(shape) > 1 or math.prod(shape) > 64:
+        return
+    values[name] = ((None,) * math.prod(shape), not shape)
+
+
+def _matrix_step(node: onnx.NodeProto, known: list, values: dict[str, ShapeValue],
+                 matrices: dict[str, np.ndarray]) -> bool:
+    """Follow torch's pads through 2-D values (its F.pad symbolic: the pads vector, Reshape(-1, 2), Slice with step
+    -1 over the rows, Transpose, Reshape(-1)); True when ``node`` was such a step."""
+    op, source = node.op_type, node.input[0]
+    if op == "Reshape" and known[0] is not None and not known[0][1] and known[1] is not None and \
+            len(known[1][0]) == 2 and all(isinstance(d, int) for d in known[1][0]):
+        entries = known[0][0]
+        rows, cols = known[1][0]
+        if rows == -1 and cols > 0:
+            rows = len(entries) // cols
+        elif cols == -1 and rows > 0:
+            cols = len(entries) // rows
+        if rows * cols != len(entries) or min(rows, cols) < 1:
+            return False
+        matrices[node.output[0]] = np.array(entries, dtype=object).reshape(rows, cols)
+        return True
+    if source not in matrices:
+        return False
+    matrix = matrices[source]
+    if op == "Reshape" and known[1] is not None and known[1][0] in ((-1,), (matrix.size,)):
+        values[node.output[0]] = (tuple(matrix.reshape(-1)), False)
+    elif op == "Transpose":
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+        matrices[node.output[0]] = matrix.transpose(perm)
+    elif op == "Slice":
+        bounds = _slice_bounds(node, values, 2)
+        if bounds is None or not all(isinstance(end, int) for _, end, _, _ in bounds):
+            return False
+        index = [slice(None), slice(None)]
+        for start, end, axis, step in bounds:
+            index[axis] = slice(start, _python_end(end, step), step)
+        matrices[node.output[0]] = matrix[tuple(index)]
+    elif op in ("Cast", "Identity"):
+        matrices[node.output[0]] = matrix
+    else:
+        return False
+    return True
+
+
+def _python_end(end: int, step: int) -> int | None:
+    """An ONNX Slice end as a Python slice's: ends past the first element of a backward slice mean 'through the
+    first' (None), where Python would count a negative end from the back."""
+    return None if step < 0 and end < -(2**31) else end
+
+
+_WINDOW_NAME = re.compile(r"floor\(\(([A-Za-z_]\w*)([+-]\d+)\)/(\d+)\)"   # floor((base+offset)/stride)
+                          r"|floor\(([A-Za-z_]\w*)/(\d+)\)"                # floor(base/stride)
+                          r"|([A-Za-z_]\w*)([+-]\d+)?")                      # base, base+offset
+
+
+def _named_window(size: Dim, given: set[str]) -> _Window | None:
+    """The window a size's name spells (:func:`_window_name`'s names of a graph input's symbol), or None."""
+    if not isinstance(size, str):
+        return None
+    match = _WINDOW_NAME.fullmatch(size)
+    if match is None:
+        return None
+    base_offset, offset, stride, base_only, stride_only, plain, plain_offset = match.groups()
+    base = base_offset or base_only or plain
+    if base not in given:
+        return None
+    if base_offset:
+        return base, int(offset), int(stride)
+    if base_only:
+        return base, 0, int(stride_only)
+    return base, int(plain_offset or 0), 1
+
+
+def _divided(size: Dim, divisor: int, given: set[str]) -> Dim:
+    """floor(size / divisor) for a size named after an input's symbol: floor(floor((b + a) / s) / d) is
+    floor((b + a) / (s d)); None for another size."""
+    window = _named_window(size, given)
+    if window is None:
+        return None
+    base, offset, stride = window
+    return _window_name((base, offset, stride * divisor))
 
 
 def _integer_division(a: int, b: int) -> int | None:
@@ -480,6 +599,12 @@ def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
     - Reshape to a shape of known entries (0 copies the input's size; a -1 is the element count divided by the
       other sizes) and Flatten: products of the input's sizes, named ``batch*sequence``.
     - Tile by known repeats: an axis repeated once keeps its size, a fixed size is multiplied.
+    - Pad by pads computed at run time (timm's windows padded to a multiple of the window size, Funnel's
+      shifted attention): an axis whose two pads are known keeps its size when they add up to 0, a fixed size
+      is padded; ONNX inference gives every axis a fresh symbol, the batch included.
+    - Resize to sizes read from a shape (``interpolate(size=x.shape[2:])``) has those sizes; by constant scales,
+      an axis scaled by 1 keeps its size and one scaled by an integer ``k`` is ``k*size`` (ONNX gives the batch
+      axis a fresh symbol there too).
     """
     given = input_symbols(graph)
     values: dict[str, ShapeValue] | None = None
@@ -492,6 +617,7 @@ def solve_computed_shapes(graph: onnx.GraphProto, infos: dict[str, TensorInfo],
             continue
         if values is None:
             values = _shape_values(graph, infos, integer_constants(graph) if constants is None else constants, given)
+            values.update(_float_vectors(graph) if any(n.op_type == "Resize" for n in graph.node) else {})
         shape = _COMPUTED[node.op_type](node, infos, values, given)
         if shape is not None and len(shape) == len(out.shape):
             shape = tuple(out.shape[a] if d is None or fresh_symbol(d, given) else d for a, d in enumerate(shape))
@@ -569,7 +695,85 @@ def _tiled(node, infos, values, given) -> list[Dim] | None:
             for size, count in zip(data.shape, repeats[0])]
 
 
-_COMPUTED = {"Slice": _sliced, "Expand": _expanded, "Range": _range, "Reshape": _reshaped, "Flatten": _flattened,
+def _padded(node, infos, values, given) -> list[Dim] | None:
+    """A Pad (opset 11 on) whose pads, and axes if given, are known entries: each axis's size plus its pads."""
+    data = infos.get(node.input[0])
+    pads = values.get(node.input[1]) if len(node.input) > 1 else None
+    if data is None or data.shape is None or pads is None:
+        return None
+    rank = len(data.shape)
+    axes = tuple(range(rank))
+    if len(node.input) > 3 and node.input[3]:
+        known_axes = values.get(node.input[3])
+        if known_axes is None or not all(isinstance(a, int) and -rank <= a < rank for a in known_axes[0]):
+            return None
+        axes = tuple(a % rank for a in known_axes[0])
+    if len(pads[0]) != 2 * len(axes):
+        return None
+    shape = list(data.shape)
+    for k, axis in enumerate(axes):
+        begin, end = pads[0][k], pads[0][k + len(axes)]
+        if isinstance(begin, int) and isinstance(end, int) and isinstance(shape[axis], int):
+            shape[axis] = shape[axis] + begin + end
+        elif not (isinstance(begin, int) and isinstance(end, int) and begin + end == 0):
+            # padded by a size computed at run time (to a multiple of a window): a size of its own, named after
+            # the value, which the convolutions and broadcasts after it can name theirs from
+            shape[axis] = padded_size(node.output[0], axis) if shape[axis] is not None and \
+                not fresh_symbol(shape[axis], given) else None
+    return shape
+
+
+def padded_size(value: str, axis: int) -> str:
+    """The name of axis ``axis`` of ``value``, a Pad's output padded by a size computed at run time."""
+    return f"{value}.shape[{axis}]"
+
+
+def _is_padded_size(dim: Dim) -> bool:
+    return isinstance(dim, str) and dim.endswith("]") and ".shape[" in dim
+
+
+def _resized(node, infos, values, given) -> list[Dim] | None:
+    """A Resize (opset 11 on) to known sizes, or by constant scales of 1 or an integer (see solve_computed_shapes)."""
+    data = infos.get(node.input[0])
+    if data is None or data.shape is None or len(node.input) < 3:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    policy = attrs.get("keep_aspect_ratio_policy", b"stretch")
+    if (policy.decode() if isinstance(policy, bytes) else policy) != "stretch":
+        return None
+    rank = len(data.shape)
+    axes = [a % rank for a in attrs.get("axes", range(rank))]
+    shape: list[Dim] = list(data.shape)
+    sizes = values.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
+    scales = values.get(node.input[2]) if node.input[2] else None
+    if sizes is not None and len(sizes[0]) == len(axes):
+        for axis, size in zip(axes, sizes[0]):
+            shape[axis] = size if isinstance(size, int) or size in given or _monomial(size, given) else None
+        return shape
+    if scales is None or len(scales[0]) != len(axes) or not all(isinstance(f, float) for f in scales[0]):
+        return None
+    for axis, scale in zip(axes, scales[0]):
+        if scale != int(scale) or scale < 1:
+            shape[axis] = None
+        elif scale != 1:
+            shape[axis] = _quotient([int(scale), shape[axis]], [], given)
+    return shape
+
+
+def _float_vectors(graph: onnx.GraphProto) -> dict[str, ShapeValue]:
+    """``graph``'s constant float vectors of at most 8 entries (Resize scales), as entries of floats, and the
+    Concats of such vectors (TorchScript writes a Resize's scales as Concat([1, 1], [2, 2]))."""
+    vectors = {name: (tuple(float(v) for v in array.reshape(-1)), False)
+               for name, array in constant_values(graph).items()
+               if array.dtype.kind == "f" and array.ndim == 1 and array.size <= 8}
+    for node in graph.node:
+        if node.op_type == "Concat" and node.input and all(x in vectors for x in node.input):
+            vectors[node.output[0]] = (tuple(v for x in node.input for v in vectors[x][0]), False)
+    return vectors
+
+
+_COMPUTED = {"Pad": _padded, "Resize": _resized, "Slice": _sliced, "Expand": _expanded, "Range": _range,
+             "Reshape": _reshaped, "Flatten": _flattened,
              "Tile": _tiled}
 SOLVED = frozenset({*_COMPUTED, *_WINDOWED})  # the op types whose outputs the solvers name
 

@@ -7,6 +7,8 @@ Cases handled:
 1. ``split`` a constant 1-D tensor of sizes: one Split output per size.
 2. ``split`` a constant scalar chunk length, or omitted (pieces of length 1, squeezed unless ``keepdims``),
    when the split axis has a static length.
+3. ``split`` a 1-D tensor of sizes computed at run time (CvT's ``torch.split(x, [1, height * width], 1)``, sizes
+   read from the input's shape) whose length is static: a Split reading the same sizes, one output per entry.
 Every reader of the sequence must be a ``SequenceAt`` whose position is a constant; otherwise the nodes are
 left as they are (and the gradient reports the op it cannot differentiate).
 """
@@ -50,6 +52,8 @@ class SequencesToSplit(Pass):
             if infos is None:
                 infos = infer_tensor_info(model)
             sizes = _piece_sizes(node, constants, infos)
+            if sizes is not None and None in sizes[0] and (default_opset(model) or 18) < 13:
+                sizes = None  # Split reads its sizes as an input from opset 13 only
             if sizes is not None:
                 plans[seq] = sizes
         if not plans:
@@ -74,13 +78,18 @@ class SequencesToSplit(Pass):
         return PassResult(out, True)
 
 
-def _piece_sizes(node: onnx.NodeProto, constants: dict, infos: dict) -> tuple[list[int], bool] | None:
-    """The length of every piece along the axis, and whether the pieces lose that axis; None if unknown."""
+def _piece_sizes(node: onnx.NodeProto, constants: dict, infos: dict) -> tuple[list[int | None], bool] | None:
+    """The length of every piece along the axis (None: read at run time), and whether the pieces lose that axis;
+    None if unknown."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     axis, keepdims = attrs.get("axis", 0), attrs.get("keepdims", 1)
     split = node.input[1] if len(node.input) > 1 and node.input[1] else None
     if split is not None and split not in constants:
-        return None
+        sizes = infos.get(split)
+        count = sizes.static_shape if sizes is not None else None
+        if count is None or len(count) != 1 or not count[0]:
+            return None
+        return [None] * count[0], False  # as many pieces as sizes, each read at run time
     value = np.asarray(constants[split]) if split is not None else None
     if value is not None and value.ndim == 1:
         return [int(v) for v in value], False
@@ -104,7 +113,9 @@ def _split_nodes(b: GraphBuilder, node: onnx.NodeProto, sizes: list[int], squeez
         return b.node("Constant", [], 1, name=hint, value=onnx.numpy_helper.from_array(
             np.asarray(values, dtype=np.int64)))
 
-    if b.opset >= 13:   # the sizes (and Squeeze's axes) are inputs from opset 13, attributes before
+    if None in sizes:  # sizes computed at run time (opset 13 on: Split reads them as an input)
+        b.node("Split", [node.input[0], node.input[1]], pieces, name=node.name or base, axis=axis)
+    elif b.opset >= 13:   # the sizes (and Squeeze's axes) are inputs from opset 13, attributes before
         b.node("Split", [node.input[0], constant(sizes, f"{base}/sizes")], pieces, name=node.name or base, axis=axis)
     else:
         b.node("Split", [node.input[0]], pieces, name=node.name or base, axis=axis, split=sizes)
