@@ -233,3 +233,22 @@ def test_integer_initializers_are_not_frozen_parameters_nor_matched_by_globs():
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # a glob's integer matches are dropped without a word
         assert plan_parameters(graph, weights, None, ["*"]).frozen == ["l.weight"]
+
+
+def test_statistics_of_a_batchnorm_written_as_arithmetic_are_not_trained_by_default():
+    """torchvision's FrozenBatchNorm2d (DETR's backbone), exported by TorchScript: y = x * w / sqrt(var + eps) +
+    (b - mean * w / sqrt(var + eps)), its running statistics plain initializers read by Add and Mul. Trained by
+    default, a step could drive the variance negative."""
+    names = ("bn.weight", "bn.bias", "bn.running_mean", "bn.running_var")
+    inits = [numpy_helper.from_array(np.full(3, v, np.float32), n) for n, v in zip(names, (1.0, 0.0, 0.1, 2.0))]
+    inits.append(numpy_helper.from_array(np.array(1e-5, np.float32), "eps"))
+    nodes = [helper.make_node("Add", ["bn.running_var", "eps"], ["v"]), helper.make_node("Sqrt", ["v"], ["s"]),
+             helper.make_node("Div", ["bn.weight", "s"], ["scale"]),
+             helper.make_node("Mul", ["bn.running_mean", "scale"], ["shift"]),
+             helper.make_node("Sub", ["bn.bias", "shift"], ["bias"]),
+             helper.make_node("Mul", ["x", "scale"], ["xs"]), helper.make_node("Add", ["xs", "bias"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [2, 3])],
+                              [helper.make_tensor_value_info("y", 1, [2, 3])], initializer=inits)
+    weights = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    assert plan_parameters(graph, weights, None, None).trainable == ["bn.weight", "bn.bias"]
+    assert plan_parameters(graph, weights, ["bn.*"], None).trainable == list(names)

@@ -290,9 +290,12 @@ def _too_large_for_constants(graph: onnx.GraphProto, weights: dict[str, np.ndarr
 
 
 # torch buffers (not parameters) that exporters write as initializers like any weight, by their conventional
-# names: rotary position embeddings' inverse frequencies (Hugging Face's Llama, Qwen, Mistral, ... `inv_freq`).
-# Trained, they would change the position encoding; list them in requires_grad to train them anyway.
-KNOWN_BUFFERS = ("*inv_freq",)
+# names: rotary position embeddings' inverse frequencies (Hugging Face's Llama, Qwen, Mistral, ... `inv_freq`);
+# the statistics of a BatchNorm written as arithmetic (torchvision's FrozenBatchNorm2d in DETR-style backbones,
+# exported by TorchScript), which a gradient step could drive to a negative variance; Swin V2's log-spaced
+# relative position table. Trained, they would change what the model computes; list them in requires_grad to
+# train them anyway.
+KNOWN_BUFFERS = ("*inv_freq", "*running_mean", "*running_var", "*relative_coords_table")
 
 # The TorchScript exporter names a Constant node's output "<scope>/Constant_<n>_output_0": an initializer of that
 # name is a constant a later tool folded into one (onnxruntime's optimizer: an attention mask's 0 and -inf), never
