@@ -39,7 +39,7 @@ def _model(trans_a: int = 0) -> onnx.ModelProto:
              for k, v in WEIGHTS.items() if trans_a == 0 or k != "W1"]
     graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
                               initializer=inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def test_a_merged_export_over_the_protobuf_limit_replaces_its_weights_file(tmp_path, monkeypatch):
@@ -77,7 +77,7 @@ def test_a_merged_export_copies_only_the_adapted_weights(tmp_path):
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1024])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
                               initializer=[numpy_helper.from_array(big, "Wbig"), numpy_helper.from_array(small, "W2")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     _, module, state = _generate(tmp_path, model, LoRA(rank=2, alpha=4, targets=["W2"]))
     _randomize_b(state)
 
@@ -267,7 +267,7 @@ def test_merge_of_a_weight_read_by_two_nodes(tmp_path, targets):
              helper.make_node("MatMul", ["h", "W"], ["y"], name="mm2")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6])], initializer=[w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     _, module, state = _generate(tmp_path, model, LoRA(rank=2, alpha=2, targets=targets))
     assert [n for n, p in state.parameters if p.requires_grad] == ["W.lora_A.weight", "W.lora_B.weight"]
     _randomize_b(state)
@@ -323,7 +323,7 @@ def test_a_weight_read_through_a_transpose_gets_an_adapter_and_merges(tmp_path, 
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 5])],
                               initializer=[numpy_helper.from_array(w, "enc.weight")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     _, module, state = _generate(tmp_path, model, LoRA(rank=2, alpha=2, targets=["enc"]))
     shapes = {n: p.data.shape for n, p in state.parameters if p.requires_grad}
     assert shapes == {"enc.lora_A.weight": (2, 6), "enc.lora_B.weight": (5, 2)}
