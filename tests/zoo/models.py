@@ -299,12 +299,15 @@ def clip_vision():
 def lraspp():
     """torchvision's LR-ASPP segmentation head on MobileNetV3-Large: sigmoid-gated pooled branch, bilinear
     upsampling of both branches and of the logits to the input size."""
-    import torch
-
     from tests.zoo.vision import import_torchvision
 
-    net = import_torchvision().models.segmentation.lraspp_mobilenet_v3_large(
-        weights=None, weights_backbone=None, num_classes=CLASSES)
+    return _segmentation_logits(import_torchvision().models.segmentation.lraspp_mobilenet_v3_large(
+        weights=None, weights_backbone=None, num_classes=CLASSES))
+
+
+def _segmentation_logits(net):
+    """A torchvision segmentation model with its ``out`` logits as the single output (it returns a dict)."""
+    import torch
 
     class _Out(torch.nn.Module):
         def __init__(self):
@@ -604,16 +607,8 @@ def deeplabv3():
     for module in net.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+    return _segmentation_logits(net)
 
-    class _Out(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = net
-
-        def forward(self, x):
-            return self.net(x)["out"]
-
-    return _Out()
 
 def _words_and_boxes(batch, size, rng):
     """LayoutLMv3's text and layout in one int64 tensor, (batch, tokens, 5): a token id and its box (x0, y0, x1, y1)."""

@@ -1,7 +1,7 @@
 """Low-rank adapters (LoRA), compatible with Hugging Face PEFT's adapter files.
 
 - :class:`LoRA` configures ``generate_artifacts(..., lora=LoRA(...))``.
-- :class:`InjectLoRA` is the graph pass that adds them; :class:`MergeAdapters` folds them into their weights
+- :class:`InjectLoRA` is the graph pass that adds them; :func:`merge_adapters` folds them into their weights
   (``export_model_for_inferencing(..., merge_adapters=True)``).
 - :func:`save_peft_adapter` writes a PEFT adapter folder from a checkpoint; :meth:`LoRA.from_peft` starts from one.
 """
@@ -17,15 +17,14 @@ from onnxtrain.conventions import LORA_META
 from onnxtrain.errors import LoRAError
 from onnxtrain.lora.config import Adapter, LoRA, LoRAMeta, adapter_param_names
 from onnxtrain.lora.inject import InjectLoRA
-from onnxtrain.lora.merge import MergeAdapters, merge_adapters
+from onnxtrain.lora.merge import merge_adapters
 from onnxtrain.lora.peft import read_peft_adapter, write_peft_adapter
 
 if TYPE_CHECKING:
     from onnxtrain.runtime.state import CheckpointState
 
 __all__ = ["LoRA", "LoRAMeta", "Adapter", "LORA_META", "LoRAError", "adapter_param_names", "InjectLoRA",
-           "MergeAdapters", "merge_adapters", "save_peft_adapter", "read_peft_adapter", "write_peft_adapter",
-           "lora_meta"]
+           "merge_adapters", "save_peft_adapter", "read_peft_adapter", "write_peft_adapter", "lora_meta"]
 
 
 def lora_meta(model: onnx.ModelProto | str | os.PathLike) -> LoRAMeta:

@@ -1,8 +1,8 @@
-"""The merge pass: fold each adapter's ``scale * B A`` into its frozen weight and drop the adapter nodes.
+"""The merge: fold each adapter's ``scale * B A`` into its frozen weight and drop the adapter nodes.
 
 Cases: a weight used by one adapted node is replaced in place; a weight shared by nodes that carry the same
 adapter (tied modules) is replaced once; a weight also read by another node, or by nodes with different
-adapters, gets a merged copy per adapter. The result has no ``lora_A`` / ``lora_B`` initializers left.
+adapters, gets a merged copy per adapter. The result has no ``lora_A`` / ``lora_B`` weights left.
 """
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ from dataclasses import replace
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from onnxtrain.errors import LoRAError
-from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, node_inputs, reader_index
+from onnxtrain.ir.passes import node_inputs, reader_index
 from onnxtrain.lora.config import Adapter, LoRAMeta
 
-__all__ = ["MergeAdapters", "merge_adapters", "merged_weight"]
+__all__ = ["merge_adapters", "merged_weight"]
 
 
 def merged_weight(w: np.ndarray, a: np.ndarray, b: np.ndarray, adapter: Adapter, scale: float) -> np.ndarray:
@@ -27,26 +25,6 @@ def merged_weight(w: np.ndarray, a: np.ndarray, b: np.ndarray, adapter: Adapter,
     ba = b.reshape(b.shape[0], -1).astype(np.float64) @ a.reshape(a.shape[0], -1).astype(np.float64)  # out x in
     delta = scale / adapter.gemm_alpha * (ba if adapter.weight_transposed else ba.T)
     return (w.astype(np.float64) + delta.reshape(w.shape)).astype(w.dtype)
-
-
-class MergeAdapters(Pass):
-    """Merge every adapter of ``meta`` into its weight, in an inference model that holds its weights as
-    initializers (adapters the export pruned away are ignored).
-
-    Args:
-        meta: the adapters, as the artifacts' metadata records them.
-    """
-
-    def __init__(self, meta: LoRAMeta):
-        self.meta = meta
-
-    def call(self, model: onnx.ModelProto) -> PassResult:
-        out = clone(model)
-        weights = {i.name: numpy_helper.to_array(i) for i in out.graph.initializer}
-        del out.graph.initializer[:]
-        weights = merge_adapters(out.graph, weights, self.meta)
-        out.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in weights.items())
-        return PassResult(out, True)
 
 
 def merge_adapters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], meta: LoRAMeta) -> dict[str, np.ndarray]:

@@ -146,7 +146,7 @@ def flat_optimizer_model(model: onnx.ModelProto, params: dict[str, np.ndarray],
         config.pop("betas")
     rule = _RULES[record["type"]](**config)
     if opset is None:
-        # The flat update uses ops of opset 13 or older; empty_base() defaults to the newest opset the onnx package
-        # knows, which an older onnxruntime (1.17 runs up to opset 20) would refuse for no reason.
+        # The flat update uses ops of opset 13 or older; a model built on a newer opset (empty_base(opset_version=N))
+        # would make an older onnxruntime (1.17 runs up to opset 20) refuse it for no reason.
         opset = min(next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
     return build_optimizer_model(rule, params, opset)

@@ -13,18 +13,11 @@ from onnxtrain.ir.files import PROTO_LIMIT, StagedFiles, atomic_write_bytes
 from onnxtrain.ir.passes import node_inputs, prune_nodes
 from onnxtrain.ir.types import infer_tensor_info
 
-__all__ = ["export_inference_model", "inference_model", "write_model"]
+__all__ = ["inference_model", "write_model"]
 
 EXTERNAL_MIN_SIZE = 64  # elements: smaller tensors stay inline in a model whose weights are in PATH.data
 STREAMED_MIN_BYTES = 4096  # smaller weights are serialized as TensorProtos, larger ones written from their arrays
 
-
-
-def export_inference_model(eval_model: onnx.ModelProto, meta: TrainingMeta, values: dict[str, np.ndarray],
-                           path: str | os.PathLike, output_names: list[str]) -> None:
-    """Write the part of ``eval_model`` that computes ``output_names``, with ``values`` (parameters and
-    buffers by name) as its initializers."""
-    write_model(*inference_model(eval_model, meta, values, output_names), path)
 
 
 def inference_model(eval_model: onnx.ModelProto, meta: TrainingMeta, values: dict[str, np.ndarray],
@@ -55,9 +48,10 @@ def inference_model(eval_model: onnx.ModelProto, meta: TrainingMeta, values: dic
 
 
 def write_model(model: onnx.ModelProto, weights: dict[str, np.ndarray], path: str | os.PathLike) -> None:
-    """Write ``model`` with ``weights`` added to its initializers, atomically. Over protobuf's 2 GB the weights go
-    to ``PATH.data``, written from the arrays' own memory (no TensorProto copies of them), and the two files are
-    replaced together (onnx.save_model would append to an older ``.data``)."""
+    """Write ``model`` with ``weights`` added to its initializers, atomically, from the arrays' own memory (no
+    TensorProto copies of them): below protobuf's 2 GB as pieces of the model file (:func:`_initializer_pieces`),
+    over it in ``PATH.data``, the two files replaced together (onnx.save_model would append to an older
+    ``.data``)."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):

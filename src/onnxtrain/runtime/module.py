@@ -153,12 +153,11 @@ class Module:
             graph_output_names = [graph_output_names]
         if merge_adapters:
             from onnxtrain.lora import lora_meta
+            from onnxtrain.lora import merge_adapters as merge
 
             adapters = lora_meta(run.eval_model)  # before writing anything: ValueError without adapters
         model, weights = inference_model(run.eval_model, run.meta, run.values.graph_values(),
                                          graph_output_names or run.meta.model_outputs)
         if merge_adapters:
-            from onnxtrain.lora import merge_adapters as merge
-
             weights = merge(model.graph, weights, adapters)
         write_model(model, weights, inference_model_uri)
