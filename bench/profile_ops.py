@@ -110,7 +110,12 @@ def unique_profile_per_session(so, labels):
         if sess_options is so:
             name = os.path.basename(path_or_bytes) if isinstance(path_or_bytes, str) else "from bytes"
             so.profile_file_prefix = f"{base}_{len(labels)}"
-            labels[so.profile_file_prefix] = f"#{len(labels)} {name}"
+            label = so.profile_file_prefix
+            labels[label] = f"#{len(labels)} {name}"
+            init(self, path_or_bytes, sess_options, *args, **kwargs)
+            if "learning_rate" in {i.name for i in self.get_inputs()}:  # the optimizer graph's own session
+                labels[label] += " (optimizer)"
+            return
         init(self, path_or_bytes, sess_options, *args, **kwargs)
 
     onnxruntime.InferenceSession.__init__ = patched
