@@ -27,6 +27,7 @@ import datetime
 import glob
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -104,7 +105,13 @@ def profile_step(workload, threads, steps=6):
     args = argparse.Namespace(workload=workload, impl="onnxtrain", steps=steps, eval_steps=0, threads=threads,
                               top=0, keep=None)
     keep = tempfile.mkdtemp(prefix="bench_floor_")
-    files = profile_ops.profile(args, os.path.join(keep, workload))
+    try:
+        return _step_bytes(profile_ops.profile(args, os.path.join(keep, workload)), steps)
+    finally:
+        shutil.rmtree(keep, ignore_errors=True)
+
+
+def _step_bytes(files, steps):
     count, by = 0.0, collections.Counter()
     for path, label in files:
         with open(path) as f:

@@ -19,6 +19,7 @@ import gc
 import glob
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -89,6 +90,7 @@ def profile(args, prefix):
         eval_step()
     del train_step, eval_step  # closes the sessions: onnxruntime writes the profiles then
     gc.collect()
+    shutil.rmtree(outdir, ignore_errors=True)  # the artifacts; the profiles are under prefix
     files = [(f, next(v for k, v in sorted(labels.items(), reverse=True) if f.startswith(k)))
              for f in glob.glob(prefix + "*.json")]
     return sorted(files, key=lambda fl: fl[1])
