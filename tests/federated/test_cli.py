@@ -31,6 +31,8 @@ def test_main_reports_bad_arguments_in_one_line(capsys):
     (["--local-epochs", "0"], "local-epochs must be a positive integer, got 0"),
     (["--strategy", "FedSGD"], "strategy 'FedSGD' is not a Flower strategy derived from FedAvg"),
     (["--clients", "500"], "cannot give 500 partitions at least 10 examples each"),
+    (["--proximal-mu", "0.1"], "--proximal-mu is the weight of FedProx's proximal term; add --strategy FedProx"),
+    (["--strategy", "FedProx", "--proximal-mu", "-1"], "proximal-mu must be finite and non-negative"),
 ])
 def test_bad_settings_are_refused_before_ray_starts(capsys, tmp_path, argv, message):
     """Before, --alpha -1 ran every round with every client failing and exited 0 with the initial model."""

@@ -129,11 +129,18 @@ def test_resume_refuses_a_checkpoint_of_another_model(small, tmp_path_factory, t
         _run(small, tmp_path, rounds=0, initial_checkpoint=str(tmp_path / "nope"))
 
 
-def test_fedprox_is_run_as_fedavg_with_a_warning(small, tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="flwr"):
-        _, history = _run(small, tmp_path, strategy="FedProx", strategy_args={"proximal_mu": 0.5})
+def test_fedprox_at_mu_zero_is_fedavg_bit_for_bit(small, tmp_path):
+    """Flower's FedProx in the strategy loop (the proximal term itself: test_proximal.py). The replies are compared
+    by node: Flower samples the nodes in a random order, so the global mean's rounding (not its value) changes
+    from run to run, FedAvg's too."""
+    fedavg, _ = _run(small, tmp_path / "fedavg")
+    zero, history = _run(small, tmp_path / "mu0", strategy="FedProx", strategy_args={"proximal_mu": 0.0})
     assert history[1]["accepted"] == 3
-    assert "proximal-mu=0.5 (FedProx), but the onnxtrain ClientApp trains without a proximal term" in caplog.text
+    replies = {s["node"]: s["arrays"] for s in zero.sent}
+    assert len(fedavg.sent) == len(replies) == 3
+    for sent in fedavg.sent:
+        for name, value in sent["arrays"].items():
+            np.testing.assert_array_equal(replies[sent["node"]][name], value, err_msg=f"node {sent['node']}: {name}")
 
 
 def test_validating_names_the_known_strategies():

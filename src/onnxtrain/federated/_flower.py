@@ -13,13 +13,13 @@ try:
     from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
     from flwr.serverapp import Grid, ServerApp
-    from flwr.serverapp.strategy import FedAvg
+    from flwr.serverapp.strategy import FedAvg, FedProx
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("onnxtrain.federated needs Flower: pip install 'onnxtrain[flower]' "
                       f"(for the simulation engine too: pip install 'flwr[simulation]') ({exc})") from exc
 
-__all__ = ["Array", "ArrayRecord", "ClientApp", "ConfigRecord", "Context", "FedAvg", "Grid", "Message", "MetricRecord",
-           "RecordDict", "ServerApp", "logger", "to_record", "from_record", "setting"]
+__all__ = ["Array", "ArrayRecord", "ClientApp", "ConfigRecord", "Context", "FedAvg", "FedProx", "Grid", "Message",
+           "MetricRecord", "RecordDict", "ServerApp", "logger", "to_record", "from_record", "setting"]
 
 # A child of Flower's logger, so that onnxtrain's lines appear with Flower's (also in `flwr log` / `--stream`).
 logger = logging.getLogger("flwr.onnxtrain")

@@ -35,6 +35,7 @@ RUN_CONFIG = {
     "test-data": "",                   # server: optional .npz (x, y) on which to measure the global model
     "round-timeout": 3600.0,           # server: seconds to wait for the replies of a round
     "strategy": "FedAvg",              # server: a Flower strategy derived from FedAvg, by name
+    "proximal-mu": 0.0,                # FedProx's proximal weight (the server sends it with strategy "FedProx")
     "initial-checkpoint": "",          # server: optional global checkpoint of an earlier run to resume from
     "alpha": 0.5,                      # the digits demo's Dirichlet split (node config overrides)
     "seed": 0,                         # the demo's split and the shuffling (node config overrides)

@@ -40,6 +40,9 @@ def _add_commands(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--strategy", default="FedAvg",
                      help="Flower strategy derived from FedAvg, e.g. FedMedian, FedTrimmedAvg, Krum, FedAdam "
                           "(default FedAvg)")
+    sim.add_argument("--proximal-mu", type=float, default=None, metavar="MU",
+                     help="with --strategy FedProx: the weight of the proximal term mu/2 ||w - w_global||^2 that "
+                          "keeps each client near the global model (Flower's default 0 trains as FedAvg)")
     sim.add_argument("--hidden", type=int, default=32, help="hidden units of the demo MLP (default 32)")
     sim.add_argument("--freeze-first-layer", action="store_true",
                      help="keep fc1 frozen on the devices: only fc2 travels")
@@ -60,10 +63,18 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise OnnxTrainError(str(exc)) from None
     frozen = ("fc1.weight", "fc1.bias") if args.freeze_first_layer else ()
+    strategy_args = None
+    if args.proximal_mu is not None:
+        from onnxtrain.federated.proximal import check_mu
+
+        if args.strategy != "FedProx":
+            raise ValueError(f"--proximal-mu is the weight of FedProx's proximal term; add --strategy FedProx (the "
+                             f"strategy is {args.strategy})")
+        strategy_args = {"proximal_mu": check_mu(args.proximal_mu, "proximal-mu")}
     simulate(args.clients, args.rounds, output_dir=args.output_dir, artifacts_dir=args.artifacts_dir,
              local_epochs=args.local_epochs, batch_size=args.batch_size, learning_rate=args.lr, alpha=args.alpha,
              seed=args.seed, hidden=args.hidden, frozen=frozen, verbose=args.verbose, plot=args.plot,
-             strategy=args.strategy)
+             strategy=args.strategy, strategy_args=strategy_args)
     return 0
 
 

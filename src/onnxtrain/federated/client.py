@@ -1,9 +1,10 @@
 """The Flower ClientApp: the onnxtrain runtime on the device's own data.
 
 ``train``: load the global trainable parameters and buffers (BatchNorm running statistics) from ``"arrays"``,
-train E local epochs, reply with the new ones and ``"num-examples"``. ``evaluate``: load them, evaluate on the
-device's validation data, reply with ``"eval-loss"``, ``"eval-accuracy"`` and ``"num-examples"``. Frozen
-parameters come from the device's own checkpoint and never leave it.
+train E local epochs (with FedProx's proximal term when the config carries ``proximal-mu`` > 0), reply with
+the new ones and ``"num-examples"``. ``evaluate``: load them, evaluate on the device's validation data, reply
+with ``"eval-loss"``, ``"eval-accuracy"`` and ``"num-examples"``. Frozen parameters come from the device's own
+checkpoint and never leave it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from onnxtrain.federated._flower import (
     to_record,
 )
 from onnxtrain.federated.local import LocalModel, compare_fingerprints
+from onnxtrain.federated.proximal import check_mu
 from onnxtrain.federated.spec import UpdateRejected
 
 __all__ = ["ClientSettings", "DataFn", "make_client_app", "default_data", "DigitsPartition"]
@@ -69,13 +71,14 @@ def make_client_app(settings: ClientSettings | None = None, mods: Sequence | Non
         _check_same_model(model, context, config)
         x, y, _, _ = _data(settings, context)
         server_round = int(config.get("server-round", 0)) if config else 0
-        _warn_unsupported(config, context)
+        mu = _proximal_mu(context, config)
         seed = setting("seed", context, config, settings.seed)
         device = int(context.node_config.get("partition-id", context.node_id % 2**32))   # stable across runs
         rng = np.random.default_rng([seed, device, server_round])
         loss = model.fit(x, y, epochs=_device_setting("local-epochs", context, config, settings.local_epochs),
                          batch_size=_device_setting("batch-size", context, config, settings.batch_size),
-                         learning_rate=setting("learning-rate", context, config, settings.learning_rate), rng=rng)
+                         learning_rate=setting("learning-rate", context, config, settings.learning_rate), rng=rng,
+                         proximal_mu=mu)
         metrics = MetricRecord({"num-examples": len(x), "train-loss": loss,
                                 "skipped-steps": model.optimizer.skipped_steps})
         return Message(RecordDict({"arrays": to_record(model.spec.values(model.state)), "metrics": metrics}),
@@ -120,12 +123,15 @@ def _check_same_model(model: LocalModel, context: Context, config) -> None:
                              f"server {theirs!r}); give every device a copy of the server's artifacts")
 
 
-def _warn_unsupported(config, context: Context) -> None:
-    """FedProx sends ``proximal-mu``; this client has no proximal term, so it would silently train as FedAvg."""
-    mu = config.get("proximal-mu") if config else None
-    if mu:
-        logger.warning("node %s: the server sent proximal-mu=%s (FedProx), but the onnxtrain ClientApp trains "
-                       "without a proximal term: the round runs as FedAvg", context.node_id, mu)
+def _proximal_mu(context: Context, config) -> float:
+    """FedProx's proximal weight: ``proximal-mu`` (Flower's FedProx sends it every round); 0 trains as FedAvg."""
+    value = setting("proximal-mu", context, config, None)
+    if value is None:
+        return 0.0
+    try:
+        return check_mu(value)
+    except ValueError as exc:
+        raise ValueError(f"node {context.node_id}: {exc}") from None
 
 
 def _open(settings: ClientSettings, context: Context, config, train: bool = True) -> LocalModel:

@@ -14,6 +14,7 @@ import numpy as np
 
 from onnxtrain.api import CheckpointState, Module, Optimizer
 from onnxtrain.conventions import ARTIFACT_FILES
+from onnxtrain.federated.proximal import ProximalOptimizer, check_mu
 from onnxtrain.federated.spec import ParamSpec
 from onnxtrain.runtime.loop import batches, evaluate, train_epoch
 
@@ -62,17 +63,28 @@ class LocalModel:
         self.optimizer = Optimizer(self.paths["optimizer"], self.module) if train else None
 
     def fit(self, x: np.ndarray, y: np.ndarray, epochs: int, batch_size: int, learning_rate: float,
-            rng: np.random.Generator) -> float:
-        """Train ``epochs`` passes over shuffled mini-batches; return the mean training loss of the last epoch."""
+            rng: np.random.Generator, proximal_mu: float = 0.0) -> float:
+        """Train ``epochs`` passes over shuffled mini-batches; return the mean training loss of the last epoch.
+
+        With ``proximal_mu > 0`` (FedProx) every step also minimizes ``proximal_mu/2 * ||w - w_global||^2``, with
+        ``w_global`` the trainable parameters as they are when ``fit`` is called (the round's global model);
+        the returned loss is the data loss alone.
+        """
         if self.optimizer is None:
             raise RuntimeError("this LocalModel was opened with train=False")
         if len(x) == 0:
             raise ValueError("no training examples on this device")
+        optimizer = self.optimizer
+        if check_mu(proximal_mu) > 0:
+            optimizer = ProximalOptimizer(self.module, self.optimizer, proximal_mu)
+            # The fused training call would compute an update without the proximal term, only for the step to
+            # throw it away and run the optimizer graph again: run the two graphs separately (same results).
+            self.module.training_run.fuse = False
         self.optimizer.set_learning_rate(learning_rate)
         self.module.train()
         seed, loss = int(rng.integers(2**31)), float("nan")
         for epoch in range(epochs):
-            loss = train_epoch(self.module, self.optimizer,
+            loss = train_epoch(self.module, optimizer,
                                batches(x, y, batch_size, shuffle=True, seed=seed, epoch=epoch)).loss
         return loss
 

@@ -22,6 +22,7 @@ from onnxtrain.federated._flower import (
     ConfigRecord,
     Context,
     FedAvg,
+    FedProx,
     Grid,
     Message,
     MetricRecord,
@@ -33,6 +34,7 @@ from onnxtrain.federated._flower import (
     to_record,
 )
 from onnxtrain.federated.local import LocalModel, artifact_paths
+from onnxtrain.federated.proximal import check_mu
 from onnxtrain.federated.spec import ParamSpec, UpdateRejected
 
 __all__ = ["ServerSettings", "ValidatingFedAvg", "validating", "GlobalModel", "make_server_app"]
@@ -280,6 +282,16 @@ def make_server_app(settings: ServerSettings | None = None) -> ServerApp:
     return app
 
 
+def _strategy_args(strategy_cls: type, strategy_args: dict | None, proximal_mu) -> dict:
+    """``strategy_args``, plus FedProx's ``proximal_mu`` from the run config's ``proximal-mu`` (a deployment sets
+    no strategy arguments otherwise; FedProx would send its default, 0, which the devices' run config cannot
+    override)."""
+    args = dict(strategy_args or {})
+    if proximal_mu is not None and issubclass(strategy_cls, FedProx) and "proximal_mu" not in args:
+        args["proximal_mu"] = check_mu(proximal_mu, "run config 'proximal-mu'")
+    return args
+
+
 def run(grid: Grid, context: Context, settings: ServerSettings):
     """The body of the ServerApp; returns Flower's Result."""
     def get(key, default):
@@ -297,7 +309,7 @@ def run(grid: Grid, context: Context, settings: ServerSettings):
     strategy = strategy_cls(spec, fraction_train=get("fraction-train", settings.fraction_train),
                             fraction_evaluate=get("fraction-evaluate", settings.fraction_evaluate),
                             min_train_nodes=min_nodes, min_evaluate_nodes=min_nodes, min_available_nodes=min_nodes,
-                            **(settings.strategy_args or {}))
+                            **_strategy_args(strategy_cls, settings.strategy_args, get("proximal-mu", None)))
     test_data = settings.test_data() if settings.test_data else _npz_test_data(get("test-data", ""))
     writer = GlobalModel(os.fspath(artifacts_dir), os.fspath(output_dir), strategy, test_data, settings.on_round,
                          initial_checkpoint=get("initial-checkpoint", settings.initial_checkpoint) or None)

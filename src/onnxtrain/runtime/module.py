@@ -136,6 +136,38 @@ class Module:
         flat = buffer.numpy() if _is_ortvalue(buffer) else np.asarray(buffer)
         self.training_run.values.set_flat_parameters(flat, trainable_only)
 
+    def add_to_gradients(self, flat) -> None:
+        """Add ``flat`` to the accumulated gradients of the trainable parameters, in place.
+
+        For a term of the objective that the training graph does not compute, e.g. FedProx's proximal term
+        ``mu/2 * ||w - w_global||^2``, whose gradient is ``mu * (w - w_global)``. Call it after the training
+        call(s) of a step and before ``optimizer.step()`` (the first training call after ``lazy_reset_grad()``
+        overwrites the gradients, so between the two it raises).
+
+        Args:
+            flat: a 1-D numpy array (or OrtValue) of ``get_parameters_size()`` elements in
+                ``get_contiguous_parameters(trainable_only=True)`` order, with the parameters' dtype.
+
+        Raises:
+            TypeError: ``flat`` has another dtype than the trainable parameters (it is not cast).
+            ValueError: ``flat`` is not 1-D or has another number of elements.
+            RuntimeError: called after ``lazy_reset_grad()`` and before the next training call.
+        """
+        flat = flat.numpy() if _is_ortvalue(flat) else np.asarray(flat)
+        values = self.training_run.values
+        grads = values.grads.current
+        if flat.ndim != 1 or flat.size != grads.size:
+            raise ValueError(f"add_to_gradients expects a flat array of {grads.size} elements (the trainable "
+                             f"parameters, in get_contiguous_parameters(trainable_only=True) order), got shape "
+                             f"{list(flat.shape)}")
+        if flat.dtype != grads.dtype:
+            raise TypeError(f"add_to_gradients expects dtype {grads.dtype} (the trainable parameters'), got "
+                            f"{flat.dtype}; cast it with .astype({str(grads.dtype)!r})")
+        if self.training_run.reset_pending:
+            raise RuntimeError("add_to_gradients after lazy_reset_grad() and before the training call: that call "
+                               "overwrites the gradients, so the addition would be lost; call the module first")
+        values.add_to_gradients(flat)  # a new version: optimizer.step() recomputes an update computed in advance
+
     def export_model_for_inferencing(self, inference_model_uri: str | os.PathLike,
                                      graph_output_names: list[str] | None = None,
                                      merge_adapters: bool = False) -> None:

@@ -169,6 +169,11 @@ class TrainingRun:
         """The next training call starts the gradient accumulation afresh."""
         self._reset_pending = True
 
+    @property
+    def reset_pending(self) -> bool:
+        """True when the next training call will overwrite the gradients (``lazy_reset_grad`` since the last)."""
+        return self._reset_pending
+
     def train_step(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """One forward and backward pass; accumulates the gradients and updates the buffers.
 

@@ -42,8 +42,8 @@ class TrainingValues:
         frozen: parameters fed to the graphs but never updated.
         buffers: state the training graph updates (BatchNorm running statistics).
         properties: the checkpoint's property bag.
-        version: incremented by every write of the parameters or the step from outside a training step; an
-            update computed in advance is valid only for the version it was computed from.
+        version: incremented by every write of the parameters, the gradients or the step from outside a training
+            step; an update computed in advance is valid only for the version it was computed from.
         frozen_version: incremented by every write of a frozen parameter; a session that holds frozen values as
             constants is valid only for the version it was opened with.
     """
@@ -78,6 +78,12 @@ class TrainingValues:
             raise RuntimeError(f"Please load the model parameters first. The checkpoint is nominal (shapes only): "
                                f"{len(self.unloaded)} parameters have no value; "
                                "Module.copy_buffer_to_parameters(buffer, trainable_only=False) loads them")
+
+    def add_to_gradients(self, flat: np.ndarray) -> None:
+        """Add ``flat`` (the gradients' layout, length and dtype) to the accumulated gradients, in place."""
+        current = self.grads.current
+        np.add(current, flat, out=current)
+        self.version += 1  # an update computed in advance read the gradients without this term
 
     # -- the step counter -----------------------------------------------------------------------------------
     @property
