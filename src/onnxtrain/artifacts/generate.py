@@ -280,7 +280,9 @@ def generate_artifacts(
             except UnsupportedOpError as exc:
                 if source.opset >= MIN_OPSET:
                     raise
-                logger.warning("converting the model to opset %d: its gradient needs it (%s)", MIN_OPSET, exc)
+                # the error without its advice to convert the model, which is what happens here
+                logger.warning("converting the model to opset %d: its gradient needs it (%s)", MIN_OPSET,
+                               str(exc).split(" - help:")[0].splitlines()[0])
                 files.discard()
                 build(load(MIN_OPSET), files)
         files.commit()

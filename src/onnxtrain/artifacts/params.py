@@ -88,6 +88,30 @@ def simplifier_names_hint(candidates: Sequence[str]) -> str:
             f"{made[:3]}): {SIMPLIFIED_ADVICE}")
 
 
+def keras_names_hint(name: str, candidates: Sequence[str]) -> str:
+    """For the error of a Keras variable path the model lacks (``logits/kernel``, Keras 2's ``dense/kernel:0``):
+    ``"; <where it went>"`` listing the initializers under a name scope of that layer, else ``""``. tf2onnx
+    names a weight after the TensorFlow op that reads it (``functional_1/logits_1/Cast/ReadVariableOp:0``), under
+    the layer's scope, which TensorFlow may suffix (``logits_1``)."""
+    parts = name.removesuffix(":0").split("/")
+    if len(parts) < 2:
+        return ""
+    layer = re.compile(rf"{re.escape(parts[-2])}(_\d+)?")
+    scopes: dict[str, list[str]] = {}
+    for c in candidates:
+        segments = c.split("/")
+        at = next((i for i, s in enumerate(segments[:-1]) if layer.fullmatch(s)), None)
+        if at is not None:
+            scopes.setdefault("/".join(segments[:at + 1]), []).append(c)
+    if not scopes:
+        return ""
+    found = "; ".join(f"under {scope!r}: {names[:4]}" for scope, names in list(scopes.items())[:3])
+    first = next(iter(scopes))
+    return (f"; it looks like a Keras variable path, and tf2onnx names each weight after the TensorFlow op that "
+            f"reads it, under its layer's name scope (a BatchNormalization's gamma, beta and statistics folded into "
+            f"two tensors), {found}: name these, or a scope's glob (requires_grad=['{first}/*'])")
+
+
 def expand_names(names: Sequence[str] | None, candidates: Sequence[str], what: str, strict: bool = True,
             graph_inputs: frozenset[str] = frozenset(), graph: onnx.GraphProto | None = None) -> list[str]:
     """Resolve names and shell-style globs against ``candidates``; unknown names are an error (``strict``) or
@@ -138,7 +162,7 @@ def expand_names(names: Sequence[str] | None, candidates: Sequence[str], what: s
                              + (f" (similar names: {close})" if close else f" ({len(candidates)} initializers)")
                              + (f"; {len(made_up)} initializers have names torch.onnx.export made up (e.g. "
                                 f"{made_up[:3]}): {RENAMED_BY_FOLDING}" if made_up else "")
-                             + simplifier_names_hint(candidates))
+                             + simplifier_names_hint(candidates) + keras_names_hint(name, candidates))
         if hits and graph is not None and any(ch in name for ch in "*?["):
             _warn_folded_misses(graph, name, candidates, hits, what)
         out += [h for h in hits if h not in out]
@@ -175,7 +199,9 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
     - ``requires_grad`` (names or globs): trained. When None, every floating-point initializer that is not
       frozen, not a BatchNorm running statistic (of a training- or inference-mode node) and not a torch buffer
       or constant (marked so by torch's dynamo exporter, :func:`exported_buffers`, or by name,
-      :data:`KNOWN_BUFFERS`), nor a constant folded into an initializer (:data:`FOLDED_CONSTANTS`) is trained.
+      :data:`KNOWN_BUFFERS`), nor a constant folded into an initializer (:data:`FOLDED_CONSTANTS`), nor a Keras
+      preprocessing layer's constant (:data:`KERAS_PREPROCESSING`), nor a tensor whose shape alone is read
+      (:func:`shape_only`) is trained.
       A model from torch's dynamo exporter lists the module's parameters itself: exactly those train
       (:func:`_exported_parameters`), scalars included, and none of the constants the export made initializers.
     - ``frozen_params``: kept in the checkpoint, fed to the graphs, never updated.
@@ -222,9 +248,10 @@ def plan_parameters(graph: onnx.GraphProto, weights: dict[str, np.ndarray], requ
             _warn_folded(graph, weights)
         else:
             torch_buffers = exported_buffers(graph)
+            shapes = shape_only(graph, float_names)
             trainable = [n for n in float_names if n not in frozen and n not in buffers and n not in statistics
                          and weights[n].ndim > 0 and n not in settings and not _is_known_buffer(n)
-                         and n not in torch_buffers]
+                         and n not in torch_buffers and n not in shapes]
             _warn_scalars(graph, weights, [n for n in float_names if weights[n].ndim == 0 and n not in frozen
                                            and n not in settings and not _is_known_buffer(n)])
         _warn_merged_constants(graph, weights, trainable)
@@ -301,6 +328,12 @@ KNOWN_BUFFERS = ("*inv_freq", "*running_mean", "*running_var", "*relative_coords
 # name is a constant a later tool folded into one (onnxruntime's optimizer: an attention mask's 0 and -inf), never
 # a parameter. Trained, a mask's 0 would become a learned bias on every attention score.
 FOLDED_CONSTANTS = ("*Constant_output_0", "*Constant_*_output_0")
+
+# tf2onnx names a tensor under its Keras layer's name scope: the constants of the preprocessing layers Rescaling and
+# Normalization (its adapted mean and variance, which grappler folds with a Rescaling offset into one Add and a
+# reciprocal: 'functional_1/rescaling_1/add:0', 'ConstantFolding/.../normalization_1/truediv_recip:0') are not
+# weights in Keras either. Only the default layer names: 'batch_normalization_1' and 'layer_normalization' differ.
+KERAS_PREPROCESSING = re.compile(r"(.*/)?(rescaling|normalization)(_\d+)*/.*")
 
 
 # torch's dynamo exporter records what each graph input of the exported program was (its value infos'
@@ -380,7 +413,8 @@ def _warn_merged_constants(graph: onnx.GraphProto, weights: dict[str, np.ndarray
 
 
 def _is_known_buffer(name: str) -> bool:
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in (*KNOWN_BUFFERS, *FOLDED_CONSTANTS))
+    return (any(fnmatch.fnmatchcase(name, pattern) for pattern in (*KNOWN_BUFFERS, *FOLDED_CONSTANTS))
+            or KERAS_PREPROCESSING.fullmatch(name) is not None)
 
 
 # The inputs that hold an op's settings, not weights: ratios, bounds, pads and scales of shape ops, and the scales
@@ -408,6 +442,19 @@ def _settings(graph: onnx.GraphProto) -> set[str]:
         if positions:
             found.update(node.input[i] for i in positions if i < len(node.input) and node.input[i])
     return found
+
+
+def shape_only(graph: onnx.GraphProto, weights: Sequence[str]) -> set[str]:
+    """The ``weights`` that only ``Shape`` and ``Size`` nodes read (and no graph output is): their values never
+    reach an output, so their gradient is zero at every step. tf2onnx writes such tensors for a Keras
+    attention over a dynamic sequence (its einsum reads the shape of a second, reshaped copy of each projection
+    weight)."""
+    readers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for name in node_inputs(node):
+            readers.setdefault(name, set()).add(node.op_type)
+    outputs = {o.name for o in graph.output}
+    return {n for n in weights if readers.get(n) and readers[n] <= {"Shape", "Size"} and n not in outputs}
 
 
 def quantized_away(graph: onnx.GraphProto, trainable: Sequence[str]) -> list[str]:

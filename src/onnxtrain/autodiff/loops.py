@@ -30,7 +30,7 @@ from onnxtrain.autodiff.shape import shape_of
 from onnxtrain.autodiff.subgraph import infer_infos
 from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.builder import GraphBuilder
-from onnxtrain.ir.passes import clone, constant_values, has_subgraphs, implicit_inputs, prune_nodes
+from onnxtrain.ir.passes import clone, constant_values, has_subgraphs, implicit_inputs, node_inputs, prune_nodes
 from onnxtrain.ir.types import TensorInfo, value_info
 
 __all__ = ["scan", "loop"]
@@ -155,6 +155,8 @@ def _reverse_scan(ctx: GradContext, body: onnx.GraphProto, step: Step) -> tuple[
     outputs = [sub.node("Identity", [g], [sub.unique(f"d_out{k}")])[0] for k, g in enumerate(results + factors)]
     carried_info = [infos.get(ins[i]) for i, _, _ in step.carried]
     body_nodes = prune_nodes([*nodes, *sub.nodes], outputs)  # a hoisted product's per-step MatMul is gone
+    read = {x for n in body_nodes for x in node_inputs(n)}
+    body_inits = [i for i in [*inits, *sub.initializers] if i.name in read]  # what the pruned nodes read
     graph = helper.make_graph(
         body_nodes, f"{name}_grad_body",
         [*(value_info(d, info) for d, info in zip(d_carried, carried_info)),
@@ -165,7 +167,7 @@ def _reverse_scan(ctx: GradContext, body: onnx.GraphProto, step: Step) -> tuple[
         [*(value_info(o, infos.get(x)) for o, x in zip(outputs, [*(ins[i] for i, _, _ in step.carried), *summed,
                                                                    *(ins[i] for i, _, _ in step.stacked)])),
          *(value_info(o, info) for o, info in zip(outputs[len(results):], factor_infos))],
-        initializer=[*inits, *sub.initializers])
+        initializer=body_inits)
 
     # The backward Scan runs forward over stacks put in backward order (onnx.reference's Scan knows no other).
     scanned_in = [*((v, v, a, d) for v, a, d in step.feeds), *((g, y, a, d) for _, y, g, a, d in step.scanned),

@@ -109,3 +109,18 @@ def test_softmax_cross_entropy_far_below_the_largest_score_is_finite():
             assert np.isfinite(ours[0]).all()
             for a, b in zip(ours, theirs):
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_max_unpool_to_an_odd_output_shape_places_values_where_the_indices_say():
+    """A 2x2 MaxPool over 11x11 and its MaxUnpool back to 11x11 (a MaxPool's gradient): upstream scatters into
+    10x10 and fails on the indices of the 11-wide layout."""
+    pool = h.make_node("MaxPool", ["x"], ["p", "i"], kernel_shape=[2, 2], strides=[2, 2])
+    unpool = h.make_node("MaxUnpool", ["p", "i", "shape"], ["y"], kernel_shape=[2, 2], strides=[2, 2])
+    graph = h.make_graph([pool, unpool], "g", [h.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 11, 11])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                         [h.make_tensor("shape", TensorProto.INT64, [4], [2, 3, 11, 11])])
+    x = np.random.default_rng(0).standard_normal((2, 3, 11, 11)).astype(np.float32)
+    (ours,), (theirs,) = _both(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), {"x": x})
+    assert ours.shape == (2, 3, 11, 11)
+    np.testing.assert_array_equal(ours, theirs)
+    assert np.count_nonzero(ours) == 2 * 3 * 5 * 5

@@ -13,6 +13,7 @@ from onnx.reference.ops.op_erf import Erf as _Erf
 from onnx.reference.ops.op_grid_sample import GridSample as _GridSample
 from onnx.reference.ops.op_loop import Loop as _Loop
 from onnx.reference.ops.op_max_pool import MaxPool as _MaxPool
+from onnx.reference.ops.op_max_unpool import MaxUnpool as _MaxUnpool
 from onnx.reference.ops.op_scan import Scan as _Scan
 
 __all__ = ["PATCHED_OPS", "name_omitted_outputs"]
@@ -92,6 +93,21 @@ class MaxPool(_MaxPool):
             pads = None
         return self._max_pool(x, auto_pad="NOTSET", ceil_mode=ceil_mode, dilations=dilations,
                               kernel_shape=kernel_shape, pads=pads, storage_order=storage_order, strides=strides)
+
+
+class MaxUnpool(_MaxUnpool):
+    """onnx.reference scatters into the size the kernel and strides give, then pads to ``output_shape``, but the
+    indices address ``output_shape``'s layout (an odd size under 2x2 windows: index out of bounds): scatter into
+    ``output_shape`` itself."""
+
+    op_domain = ""
+
+    def _run(self, x, indices, output_shape=None, kernel_shape=None, pads=None, strides=None):
+        if output_shape is None:
+            return super()._run(x, indices, kernel_shape=kernel_shape, pads=pads, strides=strides)
+        y = np.zeros(int(np.prod(output_shape)), dtype=x.dtype)
+        y[indices.reshape(-1)] = x.reshape(-1)
+        return (y.reshape(tuple(int(d) for d in output_shape)),)
 
 
 class Mean(OpRun):
@@ -262,7 +278,7 @@ class Scan(_Scan):
 
 
 PATCHED_OPS = [ConvTranspose, Erf, Gelu, GlobalLpPool, GlobalMaxPool, GridSample, LRN, LpNormalization, Loop, MaxPool,
-               Mean, Pad, Scan, SoftmaxCrossEntropyLoss]
+               MaxUnpool, Mean, Pad, Scan, SoftmaxCrossEntropyLoss]
 
 
 def name_omitted_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
