@@ -112,6 +112,8 @@ class TrainingMeta:
             specialises the graph for each value of the flag from this (empty in artifacts of older versions).
         loss_reduction: how the loss combines a batch's examples: "mean" or "sum" (a built-in loss's reduction),
             "" when unknown (a custom loss block, the model's own loss, artifacts of older versions).
+        loss_type: the built-in loss (its ``LossType`` name, e.g. "BCEWithLogitsLoss"), "" when the loss is a
+            custom block or the model's own, or in artifacts of older versions (tools pick default metrics by it).
     """
 
     user_inputs: list[str]
@@ -124,6 +126,7 @@ class TrainingMeta:
     model_outputs: list[str]
     accumulation: dict[str, tuple[str, str]] = field(default_factory=dict)
     loss_reduction: str = ""
+    loss_type: str = ""
 
     def to_props(self) -> dict[str, str]:
         """The ``metadata_props`` entries that carry this description."""
@@ -140,7 +143,7 @@ class TrainingMeta:
             raw = json.loads(text)
             accumulation = {str(p): _pair(v) for p, v in raw.get("accumulation", {}).items()}
             return cls(loss=str(raw.get("loss", "")), accumulation=accumulation,
-                       loss_reduction=str(raw.get("loss_reduction", "")),
+                       loss_reduction=str(raw.get("loss_reduction", "")), loss_type=str(raw.get("loss_type", "")),
                        **{k: _strings(raw[k]) for k in ("user_inputs", "labels", "additional_outputs", "trainable",
                                                          "frozen", "buffers", "model_outputs")})
         except (ValueError, KeyError, TypeError, AttributeError):

@@ -683,3 +683,16 @@ def test_a_loss_that_is_not_one_number_is_refused_at_generation(tmp_path):
     generate_artifacts(model, loss=None, optimizer=OptimType.SGD, artifact_directory=tmp_path)
     state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
     assert np.isfinite(Module(tmp_path / "training_model.onnx", state)(np.ones((3, 8), np.float32)))
+
+
+@pytest.mark.parametrize(("loss", "recorded"), [
+    (LossType.BCEWithLogitsLoss, "BCEWithLogitsLoss"),
+    (blocks.CrossEntropyLoss(reduction="sum"), "CrossEntropyLoss"),
+    (type("Scaled", (blocks.MSELoss,), {})(), ""),     # a subclass may compute another loss
+])
+def test_the_built_in_loss_is_recorded_for_tools(tmp_path, loss, recorded):
+    """The command line picks its default metric by it (binary accuracy for BCE-with-logits)."""
+    generate_artifacts(models.mlp(), loss=loss, artifact_directory=tmp_path)
+    for kind in ("training", "eval"):
+        meta = names.TrainingMeta.from_model(onnx.load(tmp_path / f"{kind}_model.onnx"))
+        assert meta.loss_type == recorded

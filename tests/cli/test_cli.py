@@ -465,3 +465,15 @@ def test_the_run_folder_given_for_the_artifacts_is_named(workdir, arts):
     """`info DIR/run` advised writing artifacts into the run folder with `generate`."""
     assert run_cli("train", arts, "--data", workdir / "train.npz", "--epochs", "1").returncode == 0
     assert_one_line_error(run_cli("info", arts / "run"), "is the run folder", "give the artifact folder itself")
+
+
+def test_a_shape_with_a_part_that_is_no_number_is_refused():
+    """`onnxtrain data --shape 3,x` reshaped to [3] (the "x" of WxH became an empty part, dropped silently)."""
+    import argparse
+
+    from onnxtrain.cli.datafile import _shape
+
+    assert _shape("1,8,8") == (1, 8, 8) and _shape("28x28") == (28, 28) and _shape(" 2, 2") == (2, 2)
+    for text in ("3,x", "1,,8", "8,"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected comma-separated integers"):
+            _shape(text)

@@ -121,6 +121,9 @@ def test_npy_npz_and_unknown_files(tmp_path):
     assert ds.x.shape == (4, 2) and ds.y.tolist() == [0, 1, 2, 3]
     with pytest.raises(DatasetError, match="--labels"):
         read_any(str(tmp_path / "x.npy"))
+    np.save(tmp_path / "y3.npy", np.arange(3))  # the message named neither file: "x has 4 examples but y has 3"
+    with pytest.raises(DatasetError, match=r"x\.npy holds 4 examples but the labels .*y3\.npy hold 3"):
+        read_any(str(tmp_path / "x.npy"), labels=str(tmp_path / "y3.npy"))
     (tmp_path / "fake.npy").write_bytes(b"hello")
     with pytest.raises(DatasetError, match="not a .npy file"):
         read_any(str(tmp_path / "fake.npy"), labels=str(tmp_path / "y.npy"))

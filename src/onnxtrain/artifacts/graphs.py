@@ -161,6 +161,13 @@ def _check_label_names(graph: onnx.GraphProto, computed: set[str], given: int, l
                          f"producer, its readers and the outputs)")
 
 
+def _builtin_loss_name(loss: Block) -> str:
+    """The ``LossType`` name of a built-in loss block (not of a subclass, which may compute another loss), else ""."""
+    from onnxtrain.builtins import LossType
+
+    return next((t.name for t in LossType if type(loss) is t.block_class), "")
+
+
 def _check_loss_typed(infos: dict[str, TensorInfo], part: _LossPart, loss: Block) -> None:
     """ValueError naming the node when shape inference gives a built-in loss no type: its inputs do not fit
     together (a model input of the label's name, reused as the label as the peer does, with another shape)."""
@@ -494,7 +501,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
         user_inputs=[i.name for i in user_inputs], labels=[i.name for i in labels], loss=loss_name,
         additional_outputs=list(extras), trainable=list(plan.trainable), frozen=list(plan.frozen),
         buffers=list(plan.buffers), model_outputs=list(output_names), accumulation=accumulation,
-        loss_reduction=loss.batch_reduction,
+        loss_reduction=loss.batch_reduction, loss_type=_builtin_loss_name(loss),
     ).to_props()
     training = _model(model, train_graph, meta)
     declare_class_scores(training, infos)

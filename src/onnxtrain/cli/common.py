@@ -11,8 +11,8 @@ import onnx
 from onnxtrain import conventions as names
 from onnxtrain.errors import OnnxTrainError
 
-__all__ = ["CliError", "Artifacts", "TRAIN_CONFIG_KEY", "read_model", "quiet_onnxruntime", "human_bytes",
-           "human_count", "shape_text"]
+__all__ = ["CliError", "Artifacts", "TRAIN_CONFIG_KEY", "stored_loss", "read_model", "quiet_onnxruntime",
+           "human_bytes", "human_count", "shape_text"]
 
 TRAIN_CONFIG_KEY = "onnxtrain.train_config"  # training-model metadata_props: JSON of stored train options
 RUN_DIR = "run"                               # inside the artifact folder: last.ckpt, best.ckpt, metrics.jsonl, ...
@@ -107,6 +107,15 @@ def stored_train_config(model: onnx.ModelProto) -> dict:
                 raise CliError(f"the stored training options ({TRAIN_CONFIG_KEY}) must be a JSON object")
             return config
     return {}
+
+
+def stored_loss(model: onnx.ModelProto) -> str | None:
+    """The built-in loss the artifacts were generated with (a LossType name such as "BCEWithLogitsLoss"), or None
+    (a custom loss block, the model's own loss, artifacts of older versions)."""
+    try:
+        return names.TrainingMeta.from_model(model).loss_type or None
+    except OnnxTrainError:
+        return None
 
 
 def human_bytes(n: float) -> str:

@@ -21,7 +21,7 @@ __all__ = ["add_parser", "run", "check_options_fit_input"]
 
 def _shape(text: str) -> tuple[int, ...]:
     try:
-        shape = tuple(int(d) for d in text.replace("x", ",").split(",") if d.strip())
+        shape = tuple(int(d) for d in text.replace("x", ",").split(","))  # int() refuses "" (as in "3,x" -> 3,,)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,8,8, got {text!r}") from None
     if not shape or any(d <= 0 for d in shape):

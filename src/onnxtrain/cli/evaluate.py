@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from onnxtrain.cli.common import Artifacts, quiet_onnxruntime, read_model
+from onnxtrain.cli.common import Artifacts, quiet_onnxruntime, read_model, stored_loss
 from onnxtrain.cli.progress import PROGRESS_MODES, Progress
 from onnxtrain.cli.train import _metrics_list, fitting_metrics, load_for
 
@@ -19,7 +19,8 @@ def add_parser(sub) -> None:
     p.add_argument("--checkpoint", metavar="last|best|initial|PATH",
                    help="which weights (default: the last training checkpoint, else the initial one)")
     p.add_argument("--metrics", type=_metrics_list, help="metrics besides the loss, comma-separated: accuracy, "
-                   "top5_accuracy, binary_accuracy, mse, mae (default: accuracy for classification)")
+                   "top5_accuracy, binary_accuracy, mse, mae (default: accuracy for cross-entropy / nll, "
+                   "binary_accuracy for bce-with-logits: logit > 0 against target > 0.5, per label)")
     p.add_argument("--batch-size", type=int, default=256, help="examples per eval step (default 256)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
@@ -41,11 +42,13 @@ def run(args: argparse.Namespace) -> int:
     eval_model = read_model(artifacts.eval, "eval model")
     spec = data_spec(eval_model)
     check_metrics(args.metrics or [], spec.predictions)
-    x, y = load_for(args.data, spec)
-    metrics = fitting_metrics(args.metrics, spec, y)
+    training_model = read_model(artifacts.training, "training model")
+    loss = stored_loss(training_model)
+    x, y = load_for(args.data, spec, loss=loss)
+    metrics = fitting_metrics(args.metrics, spec, y, loss)
     quiet_onnxruntime()
     state = CheckpointState.load_checkpoint(checkpoint)
-    module = Module(read_model(artifacts.training, "training model"), state, eval_model)
+    module = Module(training_model, state, eval_model)
     with Progress(args.progress).epoch("eval", num_batches(len(x), args.batch_size), len(x)) as update:
         result = evaluate(module, batches(x, y, args.batch_size), metrics=metrics, on_step=update)
     if args.json:

@@ -140,10 +140,10 @@ def set_aside_run(directory: str, prefix: str = "") -> str | None:
     """Move the run that `onnxtrain train` left in ``directory`` (checkpoints of the artifacts written there
     before) into its ``previous/`` folder, so that no command mistakes them for the new artifacts' (train --resume,
     eval and export pick run/last.ckpt by default). Returns that folder, or None if there was no run."""
-    from onnxtrain.cli.train import RUN_FILES, _set_aside
+    from onnxtrain.cli.train import _set_aside, run_files
 
     run_dir = os.path.join(directory, prefix + RUN_DIR)
-    return _set_aside(run_dir, [os.path.join(run_dir, f) for f in RUN_FILES])
+    return _set_aside(run_dir, run_files(run_dir))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -111,6 +111,11 @@ def artifact_info(directory: str, prefix: str = "") -> dict:
         if os.path.isfile(path):
             progress = load_checkpoint(path).properties.get("onnxtrain.progress")
             runs[which] = {"path": path, "progress": json.loads(progress) if progress else None}
+    from onnxtrain.cli.train import step_checkpoints
+
+    steps = list(step_checkpoints(arts.run_dir).values())
+    if steps:
+        runs["steps"] = {"paths": steps}
     if runs:
         info["run"] = runs
     return info
@@ -166,6 +171,9 @@ def _artifact_lines(info: dict) -> list[str]:
     if info["train_config"]:
         lines.append("train config: " + " ".join(f"{k}={v}" for k, v in info["train_config"].items()))
     for which, run in info.get("run", {}).items():
+        if which == "steps":
+            lines.append(f"run (steps): {', '.join(map(os.path.basename, run['paths']))} (train --resume CKPT)")
+            continue
         p = run["progress"] or {}
         lines.append(f"run ({which}):  {run['path']}: {_count(p.get('epoch', '?'), 'epoch')} done" +
                      (f" + {_count(p['batch'], 'batch')}" if p.get("batch") else "")

@@ -20,7 +20,8 @@ def _tqdm():
 
 
 class Progress:
-    """`with progress.epoch("epoch 1/5", batches, examples) as update: update(n, loss)` per step.
+    """`with progress.epoch("epoch 1/5", batches, examples) as update: update(n, loss)` per step (with the running
+    metrics too: `update(n, loss, {"accuracy": 0.9})`).
 
     Args:
         mode: "bar" (tqdm), "plain" (a line every tenth of an epoch, at most every 2 s), "none", or "auto"
@@ -59,20 +60,24 @@ class _Epoch:
                                dynamic_ncols=True)
         return self.update
 
-    def update(self, n: int, loss: float) -> None:
+    def update(self, n: int, loss: float, metrics: dict[str, float] | None = None) -> None:
+        """One step of ``n`` examples with mean loss ``loss``; ``metrics``: the epoch's running metrics so far."""
+        from onnxtrain.runtime.loop import format_metrics
+
         self.batches += 1
         self.examples += n
         self.loss_sum += loss * n
         mean = self.loss_sum / self.examples
+        figures = format_metrics(mean, metrics or {})
         if self.bar is not None:
-            self.bar.set_postfix_str(f"loss {mean:.4f}", refresh=False)
+            self.bar.set_postfix_str(figures, refresh=False)
             self.bar.update(n)
         elif self.p.mode == "plain":
             now = time.perf_counter()
             tenth = max(1, self.total_batches // 10)
             if (self.batches % tenth == 0 and now - self.last_print >= 2.0) and self.batches < self.total_batches:
                 rate = self.examples / max(now - self.start, 1e-9)
-                print(f"  {self.desc}: {self.batches}/{self.total_batches} batches, loss {mean:.4f}, "
+                print(f"  {self.desc}: {self.batches}/{self.total_batches} batches, {figures}, "
                       f"{rate:,.0f} examples/s", file=self.p.stream, flush=True)
                 self.last_print = now
 

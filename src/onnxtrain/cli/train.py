@@ -2,8 +2,12 @@
 
 Everything a run writes goes to `DIR/run/`: `last.ckpt` (after every epoch, and on Ctrl-C), `best.ckpt`
 (lowest validation loss, or training loss without validation data), `metrics.jsonl` (one JSON record per epoch)
-and `training_curve.png` (with matplotlib). Checkpoints are written atomically and record how far the run got
-(the `onnxtrain.progress` property), so `--resume` continues exactly where it stopped, mid-epoch included.
+and `training_curve.png` (with matplotlib). With `--save-every-steps N`, also `step-<S>.ckpt` every N optimizer
+steps (S: the run's step count; the newest `--keep-last K` are kept, default 3), and `last.ckpt` then holds that
+step's state too. Checkpoints are written atomically and record how far the run got (the `onnxtrain.progress`
+property), so `--resume` continues exactly where it stopped, mid-epoch included; `--resume CKPT` continues from
+an earlier checkpoint of the run (e.g. `--resume DIR/run/step-200.ckpt`), setting the later files aside in
+`DIR/run/previous/`.
 
 The data is a .npz file with arrays `x` (inputs) and `y` (labels), as `onnxtrain data` writes it; a model with
 several inputs (a transformer's `input_ids`, `attention_mask`...) takes one array per input, named after it, and
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -29,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from onnxtrain.cli.common import Artifacts, CliError, quiet_onnxruntime, read_model, stored_train_config
+from onnxtrain.cli.common import Artifacts, CliError, quiet_onnxruntime, read_model, stored_loss, stored_train_config
 from onnxtrain.cli.plot import have_matplotlib, write_curve
 from onnxtrain.cli.progress import PROGRESS_MODES, Progress
 from onnxtrain.errors import NonFiniteError
@@ -39,6 +44,7 @@ __all__ = ["TrainOptions", "FitResult", "add_train_options", "resolve_options", 
 
 PROGRESS_KEY = "onnxtrain.progress"
 RUN_FILES = ("last.ckpt", "best.ckpt", "training_curve.png", "metrics.jsonl")  # what a run writes in DIR/run/
+STEP_CHECKPOINT = re.compile(r"step-(\d+)\.ckpt")  # ... and with --save-every-steps: step-<global step>.ckpt
 SCHEDULERS = ("none", "linear", "cosine", "step")
 
 
@@ -67,8 +73,9 @@ _OPTION_HELP = {
     "min_lr": "final learning rate of the cosine schedule (default 0)",
     "decay_every": "epochs between learning-rate decays of the step schedule (default 1)",
     "gamma": "decay factor of the step schedule (default 0.5)",
-    "metrics": "metrics besides the loss: accuracy, top5_accuracy, binary_accuracy, mse, mae "
-               "(default: accuracy for classification)",
+    "metrics": "metrics besides the loss: accuracy, top5_accuracy, binary_accuracy, mse, mae (default: "
+               "accuracy for cross-entropy / nll, binary_accuracy for bce-with-logits: logit > 0 against target "
+               "> 0.5, per label; none for regression)",
     "val_split": "fraction of the training data held out for validation when --val is not given (default 0)",
     "seed": "seed of the shuffling and of --val-split (default 0)",
     "patience": "stop early after this many epochs without a lower validation loss (training loss without "
@@ -125,6 +132,11 @@ def resolve_options(given: dict, stored: dict, where: str = "the stored training
         ("seed", lambda v: isinstance(v, int) and v >= 0, "a non-negative integer"),
         ("patience", lambda v: isinstance(v, int) and v >= 0, "a non-negative integer"),
     ]
+    metrics = values["metrics"]
+    unknown_metrics = [m for m in metrics if m not in METRICS] if isinstance(metrics, list) else []
+    if unknown_metrics:
+        source = "--metrics" if "metrics" in given else f"metrics in {where}"
+        raise CliError(f"{source}: unknown metric {unknown_metrics[0]!r}; available metrics: {', '.join(METRICS)}")
     for key, ok, expected in checks:
         if not ok(values[key]):
             source = f"--{key.replace('_', '-')}" if key in given else f"{key} in {where}"
@@ -192,9 +204,54 @@ def _save(state, path: str, progress: dict) -> None:
     CheckpointState.save_checkpoint(state, path, include_optimizer_state=True)
 
 
-def check_run_dir(artifacts: Artifacts, resume: bool, restart: bool) -> str:
-    """The checkpoint a run starts from; an error if it would resume nothing or silently replace a run."""
+def step_checkpoints(run_dir: str) -> dict[int, str]:
+    """The step checkpoints of the run in ``run_dir``: global step -> path, oldest first."""
+    if not os.path.isdir(run_dir):
+        return {}
+    found = {int(m.group(1)): os.path.join(run_dir, m.group(0))
+             for m in map(STEP_CHECKPOINT.fullmatch, os.listdir(run_dir)) if m}
+    return dict(sorted(found.items()))
+
+
+def run_files(run_dir: str) -> list[str]:
+    """Every file a run wrote in ``run_dir`` (that a new run sets aside)."""
+    return [os.path.join(run_dir, f) for f in RUN_FILES] + list(step_checkpoints(run_dir).values())
+
+
+def _keep_step_checkpoint(last: str, run_dir: str, step: int, keep_last: int) -> str:
+    """Make the state just saved in ``last`` also ``run_dir/step-<step>.ckpt`` (a hard link: no second write; a
+    copy where links are not supported), atomically; then delete all but the ``keep_last`` newest (0: keep all)."""
+    path = os.path.join(run_dir, f"step-{step}.ckpt")
+    staged = path + ".partial"
+    if os.path.lexists(staged):
+        os.remove(staged)
+    try:
+        os.link(last, staged)
+    except OSError:
+        shutil.copyfile(last, staged)
+    os.replace(staged, path)
+    if keep_last:
+        for old in list(step_checkpoints(run_dir).values())[:-keep_last]:
+            os.remove(old)
+    return path
+
+
+def check_run_dir(artifacts: Artifacts, resume: bool | str, restart: bool) -> str:
+    """The checkpoint a run starts from; an error if it would resume nothing or silently replace a run.
+    ``resume``: True or "last" continues DIR/run/last.ckpt, "best" DIR/run/best.ckpt, another string the
+    checkpoint at that path."""
     last = os.path.join(artifacts.run_dir, "last.ckpt")
+    if resume == "best":
+        resume = os.path.join(artifacts.run_dir, "best.ckpt")
+        if not os.path.isfile(resume):
+            raise CliError(f"--resume best: there is no best checkpoint ({resume}); start a run without --resume")
+    if resume and resume is not True and resume != "last":
+        if not os.path.exists(resume):
+            raise FileNotFoundError(f"--resume: checkpoint not found: {resume}")
+        if os.path.isdir(resume):
+            raise CliError(f"--resume {resume} is a folder; expected a checkpoint file such as "
+                           f"{os.path.join(artifacts.run_dir, 'step-100.ckpt')}, or no value for last.ckpt")
+        return resume
     if resume:
         if not os.path.isfile(last):
             raise CliError(f"nothing to resume: {last} does not exist (start a run without --resume)")
@@ -203,6 +260,43 @@ def check_run_dir(artifacts: Artifacts, resume: bool, restart: bool) -> str:
         raise CliError(f"{artifacts.run_dir} already holds a run; pass --resume to continue it or --restart to start "
                        "over")
     return artifacts.checkpoint
+
+
+def _progress_of(path: str) -> dict | None:
+    """The progress record of a checkpoint written by a run, or None (unreadable, or not a run's)."""
+    from onnxtrain.api import CheckpointState
+
+    try:
+        return json.loads(CheckpointState.load_checkpoint(path).properties[PROGRESS_KEY])
+    except Exception:  # a damaged later file is set aside all the same
+        return None
+
+
+def _rewind(run_dir: str, done: dict, files: dict[str, str], log_path: str,
+            log: Callable[[str], None]) -> None:
+    """Resuming from a checkpoint older than last.ckpt: the files written after it (last.ckpt, later step
+    checkpoints, a best.ckpt of a later epoch, the log) move to run/previous/, and the log starts again with its
+    records up to the checkpoint, so the resumed run's files are one consistent history."""
+    later = [p for s, p in step_checkpoints(run_dir).items() if s > done["global_step"]]
+    later.append(files["last"])
+    best = _progress_of(files["best"]) if os.path.isfile(files["best"]) else None
+    if os.path.isfile(files["best"]) and (best is None or best.get("best_epoch") != done.get("best_epoch")):
+        later.append(files["best"])
+    keep = []
+    if os.path.isfile(log_path):
+        with open(log_path) as f:
+            for line in filter(str.strip, f):
+                entry = json.loads(line)
+                if "train_loss" in entry and entry["epoch"] > done["epoch"]:
+                    break
+                keep.append(line)
+        later.append(log_path)
+    kept = _set_aside(run_dir, later)
+    if keep:
+        with open(log_path, "w") as f:
+            f.writelines(keep)
+    if kept:
+        log(f"resuming from step {done['global_step']}: the run's later files are kept in {kept}")
 
 
 def _set_aside(run_dir: str, files: list[str]) -> str | None:
@@ -221,15 +315,19 @@ def _set_aside(run_dir: str, files: list[str]) -> str | None:
 
 
 def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[np.ndarray, np.ndarray] | None,
-        opts: TrainOptions, *, metrics: list[str], resume: bool = False, restart: bool = False,
+        opts: TrainOptions, *, metrics: list[str], resume: bool | str = False, restart: bool = False,
         progress: Progress | None = None, log: Callable[[str], None] = print, title: str = "",
-        log_path: str | None = None, header: str | None = None) -> FitResult:
+        log_path: str | None = None, header: str | None = None, save_every_steps: int = 0,
+        keep_last: int = 3) -> FitResult:
     """Train on (x, y) arrays that already fit the model (see onnxtrain.data.fit_dataset), writing DIR/run/.
 
     Args:
-        resume: continue from DIR/run/last.ckpt; restart: replace an existing run (else that is an error).
+        resume: True continues from DIR/run/last.ckpt, a path from that checkpoint of the run (an earlier one sets
+            the run's later files aside); restart: replace an existing run (else that is an error).
         log: receives one line per epoch; progress: the per-step display; log_path: the JSON-lines log
             (default DIR/run/metrics.jsonl); header: logged once the checkpoint and models are loaded.
+        save_every_steps: also write DIR/run/step-<S>.ckpt (and last.ckpt) every that many steps (0: never);
+            keep_last: how many of those to keep, the newest (0: all).
     """
     from onnxtrain.api import CheckpointState, Module, Optimizer
     from onnxtrain.conventions import TrainingMeta
@@ -248,18 +346,32 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
     if not TrainingMeta.from_model(training_model).trainable:
         raise CliError(f"{artifacts.directory} has no trainable parameters (every one is frozen), so training would "
                        "change nothing; regenerate it with the parameters to train (--requires-grad NAME ...)")
+    if save_every_steps < 0 or keep_last < 0:
+        raise CliError(f"--save-every-steps and --keep-last must be non-negative integers, got {save_every_steps} "
+                       f"and {keep_last}")
     start_checkpoint = check_run_dir(artifacts, resume, restart)
+    if os.path.abspath(os.path.dirname(start_checkpoint)) == os.path.abspath(os.path.join(run_dir, "previous")):
+        raise CliError(f"--resume {start_checkpoint} is in {os.path.dirname(start_checkpoint)}, which resuming "
+                       "empties to keep the run's later files; copy it elsewhere first")
     state = CheckpointState.load_checkpoint(start_checkpoint)
     module = Module(training_model, state,
                     read_model(artifacts.eval, "eval model"), on_nonfinite="raise")
     optimizer = Optimizer(artifacts.optimizer, module)
 
+    with open(artifacts.training, "rb") as f:  # which artifacts a checkpoint is of (for --resume CKPT)
+        artifacts_crc = zlib.crc32(f.read())
     done = {"epoch": 0, "batch": 0, "global_step": 0, "totals": None, "best": None, "best_epoch": None}
     if resume:
         try:
             done.update(json.loads(state.properties[PROGRESS_KEY]))
         except (KeyError, json.JSONDecodeError):
-            raise CliError(f"{last} has no training progress record; it was not written by onnxtrain train") from None
+            raise CliError(f"{start_checkpoint} has no training progress record ({PROGRESS_KEY}); it was not written "
+                           "by onnxtrain train (the initial checkpoint or an export cannot be resumed: start a run "
+                           "without --resume)") from None
+        if (os.path.abspath(start_checkpoint) != os.path.abspath(last)
+                and done.get("artifacts_crc", artifacts_crc) != artifacts_crc):
+            raise CliError(f"--resume {start_checkpoint} is a checkpoint of a run of other artifacts (another training "
+                           f"model than {artifacts.training}); resume it with the artifact folder it was trained with")
         if done["epoch"] >= opts.epochs:
             raise CliError(f"the run in {run_dir} has already finished {done['epoch']} epochs; pass --epochs N with "
                            f"N > {done['epoch']} to train further")
@@ -280,7 +392,8 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
         raise CliError(f"the run in {run_dir} stopped in epoch {done['epoch'] + 1} after {done['batch']} batches; "
                        f"{changed}, so the rest of the epoch would not be the examples it has not seen yet: resume "
                        "it with the same --seed and data, or start over with --restart")
-    done.update(batch_size=opts.batch_size, examples=len(x), seed=opts.seed, labels_crc=labels_crc)
+    done.update(batch_size=opts.batch_size, examples=len(x), seed=opts.seed, labels_crc=labels_crc,
+                artifacts_crc=artifacts_crc)
     steps_per_epoch = num_batches(len(x), opts.batch_size)
     scheduler = _make_scheduler(optimizer, opts, steps_per_epoch)
     if scheduler is not None and done["global_step"]:
@@ -288,12 +401,16 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
         optimizer.set_learning_rate(scheduler.lr_at(scheduler.count))
 
     os.makedirs(run_dir, exist_ok=True)
+    if resume and os.path.abspath(start_checkpoint) != os.path.abspath(last):
+        ahead = _progress_of(last) if os.path.isfile(last) else None
+        if ahead is None or ahead.get("global_step", 0) != done["global_step"]:
+            _rewind(run_dir, done, {"last": last, "best": best}, log_path, log)
     history: list[dict] = []
     if resume and os.path.isfile(log_path):
         with open(log_path) as f:
             history = [r for r in map(json.loads, filter(str.strip, f)) if "train_loss" in r]
     if not resume:  # a new run: nothing of the previous one may be mistaken for this one's, nor lost with it
-        kept = _set_aside(run_dir, [last, best, plot_path, log_path])
+        kept = _set_aside(run_dir, [*run_files(run_dir), plot_path, log_path])
         if kept:
             log(f"the previous run's files are kept in {kept} until the next --restart")
     log_file = open(log_path, "a" if resume else "w")
@@ -304,6 +421,24 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
         record({"event": "resume" if resume else "start", "time": time.time(), "options": asdict(opts),
                 "metrics": metrics, "train_examples": len(x), "val_examples": len(val[0]) if val else 0,
                 "from_checkpoint": start_checkpoint})
+        def on_step(update: Callable[[int, float], None], epoch: int, totals: Totals, steps_before: int,
+                    lr_start: float) -> Callable[[int, float], None]:
+            """The progress display's step callback, saving a step checkpoint every ``save_every_steps``."""
+            def step_done(n: int, loss: float) -> None:
+                if metrics:
+                    update(n, loss, metrics=totals.metrics())
+                else:
+                    update(n, loss)
+                step = done["global_step"] + totals.steps - steps_before
+                # the epoch's last step is saved after the epoch's bookkeeping, as an epoch checkpoint
+                if save_every_steps and step % save_every_steps == 0 and totals.steps < steps_per_epoch:
+                    _save(state, last, {**done, "epoch": epoch, "batch": totals.steps, "global_step": step,
+                                        "totals": asdict(totals), "lr_start": lr_start})
+                    _keep_step_checkpoint(last, run_dir, step, keep_last)
+                    record({"event": "checkpoint", "epoch": epoch + 1, "batch": totals.steps, "step": step,
+                            "time": time.time()})
+            return step_done
+
         with _StopOnSigint() as stop:
             for epoch in range(done["epoch"], opts.epochs):
                 skip = done["batch"] if epoch == done["epoch"] else 0
@@ -314,10 +449,12 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
                 if skip and "lr_start" in done:  # the epoch's first rate, not that of the step it resumes at
                     lr_start = done["lr_start"]
                 data = batches(x, y, opts.batch_size, shuffle=True, seed=opts.seed, epoch=epoch, skip=skip)
+
                 try:
                     with progress.epoch(desc, steps_per_epoch - skip, len(x) - skip * opts.batch_size) as update:
                         res = train_epoch(module, optimizer, data, scheduler=scheduler, metrics=metrics,
-                                          on_step=update, should_stop=lambda: stop.requested, totals=totals)
+                                          on_step=on_step(update, epoch, totals, steps_before, lr_start),
+                                          should_stop=lambda: stop.requested, totals=totals)
                 except NonFiniteError as exc:  # the parameters are still those before the bad batch
                     record({"event": "nonfinite", "epoch": epoch + 1, "batch": totals.steps + 1, "time": time.time()})
                     kept = f"{last} holds epoch {epoch}" if epoch else "no epoch was completed"
@@ -359,6 +496,8 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
                 _save(state, last, done)
                 if improved:
                     _save(state, best, done)
+                if save_every_steps and global_step % save_every_steps == 0:
+                    _keep_step_checkpoint(last, run_dir, global_step, keep_last)
                 history.append(entry)
                 record(entry)
                 log(line)
@@ -386,6 +525,9 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
 def describe_files(result: FitResult) -> list[str]:
     saved = [f"{path} ({which})" for path, which in ((result.last_checkpoint, "last"), (result.best_checkpoint, "best"))
              if os.path.isfile(path)]
+    steps = step_checkpoints(os.path.dirname(result.last_checkpoint)) if result.last_checkpoint else {}
+    if steps:
+        saved.append(f"{len(steps)} step checkpoints up to {os.path.basename(list(steps.values())[-1])}")
     lines = [f"checkpoints: {', '.join(saved) or 'none'}", f"log:         {result.log}"]
     if result.plot:
         lines.append(f"plot:        {result.plot}")
@@ -403,7 +545,16 @@ def add_parser(sub) -> None:
                    help="training data: arrays x and y (see `onnxtrain data`), or one array per model input by name")
     p.add_argument("--val", metavar="VAL.npz", help="validation data, evaluated after every epoch")
     add_train_options(p)
-    p.add_argument("--resume", action="store_true", help="continue the run saved in DIR/run/last.ckpt")
+    p.add_argument("--resume", nargs="?", const="last", metavar="CKPT",
+                   help="continue the run saved in DIR/run/last.ckpt, or from CKPT: `best` or the path of an earlier "
+                        "checkpoint of it (e.g. DIR/run/step-200.ckpt; the run's later files move to "
+                        "DIR/run/previous/); write it after DIR")
+    p.add_argument("--save-every-steps", type=int, default=0, metavar="N",
+                   help="also save the run every N optimizer steps, as DIR/run/step-<S>.ckpt and last.ckpt, to "
+                        "resume mid-epoch after a crash (default 0: only after every epoch)")
+    p.add_argument("--keep-last", type=int, default=3, metavar="K",
+                   help="keep the K newest step checkpoints of --save-every-steps, deleting older ones "
+                        "(default 3; 0 keeps all)")
     p.add_argument("--restart", action="store_true",
                    help="start over; the previous run's checkpoints, log and plot move to DIR/run/previous/")
     p.add_argument("--log", metavar="PATH", help="where to write the per-epoch records as JSON lines "
@@ -418,8 +569,14 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}es" if word == "batch" else f"{n} {word}s"
 
 
-def default_metrics(spec) -> list[str]:
-    return ["accuracy"] if spec.predictions is not None and spec.num_classes is not None else []
+def default_metrics(spec, loss: str | None = None) -> list[str]:
+    """accuracy for class scores, binary_accuracy (logit > 0 against target > 0.5, per label) for a
+    BCE-with-logits loss (``loss``: the LossType name the artifacts record), else none."""
+    if spec.predictions is None:
+        return []
+    if loss == "BCEWithLogitsLoss":
+        return ["binary_accuracy"]
+    return ["accuracy"] if spec.num_classes is not None else []
 
 
 def _dims(shape) -> str:
@@ -462,11 +619,11 @@ def metric_misfit(name: str, prediction_shape: tuple | None, y: np.ndarray) -> s
     return None
 
 
-def fitting_metrics(requested: list[str] | None, spec, y: np.ndarray) -> list[str]:
+def fitting_metrics(requested: list[str] | None, spec, y: np.ndarray, loss: str | None = None) -> list[str]:
     """The metrics to compute: ``requested`` (an error names one that does not fit the predictions and labels),
-    or by default those of default_metrics(spec) that fit."""
+    or by default those of default_metrics(spec, loss) that fit."""
     if requested is None:
-        return [m for m in default_metrics(spec) if metric_misfit(m, spec.prediction_shape, y) is None]
+        return [m for m in default_metrics(spec, loss) if metric_misfit(m, spec.prediction_shape, y) is None]
     for name in requested:
         why = metric_misfit(name, spec.prediction_shape, y)
         if why is not None:
@@ -475,15 +632,29 @@ def fitting_metrics(requested: list[str] | None, spec, y: np.ndarray) -> list[st
     return list(requested)
 
 
-def load_for(path: str, spec, what: str = "--data"):
+def check_targets(y: np.ndarray, loss: str | None, path: str, what: str = "--data") -> None:
+    """A BCE-with-logits loss reads its targets as probabilities: values outside [0, 1] (regression targets,
+    class indices of more than two classes) would train on without a word, towards nothing meaningful."""
+    if loss != "BCEWithLogitsLoss" or y.size == 0 or y.dtype.kind not in "iuf":
+        return
+    low, high = y.min(), y.max()
+    if low < 0 or high > 1:
+        example = int(np.flatnonzero(((y < 0) | (y > 1)).reshape(len(y), -1).any(axis=1))[0])
+        raise CliError(f"{what} {path}: the targets of a bce-with-logits loss are probabilities in [0, 1] (1: the "
+                       f"positive class), but they range from {low:g} to {high:g} (example {example}); regenerate "
+                       "the artifacts with --loss cross-entropy for class indices, or --loss mse for regression")
+
+
+def load_for(path: str, spec, what: str = "--data", loss: str | None = None):
     """The dataset file ``path`` fitted to ``spec``, without the examples whose every label is ignored (a warning
-    says how many; none left is an error)."""
+    says how many; none left is an error); ``loss`` (the stored LossType name) checks the targets' range."""
     import warnings
 
     from onnxtrain.data import fit_dataset, load_dataset
     from onnxtrain.data.match import drop_fully_ignored
 
     x, y, dropped = drop_fully_ignored(*fit_dataset(load_dataset(path, spec.names), spec, path), spec)
+    check_targets(y, loss, path, what)
     if dropped and len(y) == 0:
         raise CliError(f"{what} {path}: every label is the loss's ignore_index {spec.ignore_index}, so there is "
                        "nothing to learn or measure")
@@ -508,6 +679,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.resume and args.restart:
         raise CliError("--resume and --restart exclude each other")
+    if args.save_every_steps < 0:
+        raise CliError(f"--save-every-steps must be a non-negative integer, got {args.save_every_steps}")
+    if args.keep_last < 0:
+        raise CliError(f"--keep-last must be a non-negative integer (0 keeps every step checkpoint), got "
+                       f"{args.keep_last}")
+    if args.keep_last != 3 and not args.save_every_steps:
+        raise CliError("--keep-last applies to the step checkpoints of --save-every-steps N; give that too")
     artifacts = Artifacts.locate(args.dir, args.prefix)
     check_run_dir(artifacts, args.resume, args.restart)
     if args.log is not None:
@@ -518,9 +696,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("give either --val or --val-split, not both")
     spec = data_spec(training_model)
     check_metrics(opts.metrics or [], spec.predictions)
-    x, y = load_for(args.data, spec)
-    metrics = fitting_metrics(opts.metrics, spec, y)
-    val = load_for(args.val, spec, "--val") if args.val else None
+    loss = stored_loss(training_model)
+    x, y = load_for(args.data, spec, loss=loss)
+    metrics = fitting_metrics(opts.metrics, spec, y, loss)
+    val = load_for(args.val, spec, "--val", loss) if args.val else None
     if opts.val_split:
         n_val = int(round(len(x) * opts.val_split))
         if n_val < 1 or n_val >= len(x):
@@ -536,7 +715,8 @@ def run(args: argparse.Namespace) -> int:
           + (f"; metrics: {', '.join(metrics)}" if metrics else ""))
     result = fit(artifacts, (x, y), val, opts, metrics=metrics, resume=args.resume, restart=args.restart,
                  progress=Progress(args.progress), log=lambda s: print(s, flush=True),
-                 title=os.path.basename(os.path.abspath(artifacts.directory)), log_path=args.log, header=header)
+                 title=os.path.basename(os.path.abspath(artifacts.directory)), log_path=args.log, header=header,
+                 save_every_steps=args.save_every_steps, keep_last=args.keep_last)
     for line in describe_files(result):
         print(line)
     return 130 if result.interrupted else 0

@@ -63,7 +63,11 @@ def read_npy(path: str, labels: str | None) -> Dataset:
     """Inputs from one .npy file and labels from another."""
     if labels is None:
         raise DatasetError(f"{path} holds the inputs only; give the labels with --labels LABELS.npy")
-    return Dataset(_load_npy(path), _load_npy(labels))
+    x, y = _load_npy(path), _load_npy(labels)
+    if x.ndim and y.ndim and len(x) != len(y):
+        raise DatasetError(f"{path} holds {len(x)} examples but the labels {labels} hold {len(y)}; they need one "
+                           "label (row) per example")
+    return Dataset(x, y)
 
 
 def _number(text: str) -> float | None:
