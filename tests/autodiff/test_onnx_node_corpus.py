@@ -62,9 +62,6 @@ XFAIL: dict[str, str] = {
     "test_attention_24_fullymasked_qk_matmul_output_mode3_zero": _MASKED_ROWS,
     "test_attention_local_window_gqa_rank4_mask": _MASKED_ROWS,
     "test_l2normalization_axis_0": "the input holds an all-zero vector, where Lp normalization has no derivative",
-    "test_maxunpool_export_with_output_shape": (
-        "with output_shape, onnxruntime reads the indices as flat positions in the output and the spec's test in "
-        "the un-padded shape; the rule follows onnxruntime, which runs the training graphs"),
     "test_scan_sum": _SCAN8,
 }
 

@@ -96,9 +96,11 @@ class MaxPool(_MaxPool):
 
 
 class MaxUnpool(_MaxUnpool):
-    """onnx.reference scatters into the size the kernel and strides give, then pads to ``output_shape``, but the
-    indices address ``output_shape``'s layout (an odd size under 2x2 windows: index out of bounds): scatter into
-    ``output_shape`` itself."""
+    """onnx.reference scatters into the size the kernel and strides give, then pads to ``output_shape``; a
+    MaxPool's indices, which its gradient scatters with, address the pooled input's layout, that is
+    ``output_shape``'s (an odd size under 2x2 windows: index out of bounds). Scatter into ``output_shape`` itself,
+    as onnxruntime does. (The ONNX backend test ``maxunpool_export_with_output_shape`` reads the indices in the
+    un-padded layout instead; onnxruntime, which runs the training graphs, and the gradient rule do not.)"""
 
     op_domain = ""
 
