@@ -66,3 +66,35 @@ def _reference_normalization(op_type: str, x: np.ndarray, attrs: dict) -> np.nda
         return g.reshape(x.shape) * 1.5 + 0.25
     centered = x - x.mean((0, 2, 3), keepdims=True)
     return centered / (np.sqrt((centered ** 2).mean((0, 2, 3), keepdims=True)) + 1e-9)  # the spec's body
+
+
+def _linear_with_reshape(ir_version: int, weights_are_inputs: bool = False) -> onnx.ModelProto:
+    """y = Reshape(x W, [-1, 2, 32]): a 64x64 weight (4,096 floats) and an int64 shape inference must read."""
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "W")
+    shape = numpy_helper.from_array(np.array([-1, 2, 32], np.int64), "shape")
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])]
+    if weights_are_inputs:  # IR 3 lists initializers among the graph inputs
+        inputs += [helper.make_tensor_value_info("W", TensorProto.FLOAT, [64, 64]),
+                   helper.make_tensor_value_info("shape", TensorProto.INT64, [3])]
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["h"]),
+                               helper.make_node("Reshape", ["h", "shape"], ["y"])], "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=ir_version)
+
+
+@pytest.mark.parametrize(("ir_version", "weights_are_inputs"), [(8, False), (3, True)])
+def test_inference_does_not_carry_the_weights(monkeypatch, ir_version, weights_are_inputs):
+    """Every inference serializes the model; weights are declared as inputs for it, with the same infos."""
+    model = _linear_with_reshape(ir_version, weights_are_inputs)
+    sizes, infer = [], onnx.shape_inference.infer_shapes
+
+    def recording(m, *args, **kwargs):
+        sizes.append(m.ByteSize())
+        return infer(m, *args, **kwargs)
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", recording)
+    infos = infer_tensor_info(model)
+    assert sizes and max(sizes) < 64 * 64 * 4     # the 16 KB weight never went to the C++ side
+    assert infos["W"] == TensorInfo(TensorProto.FLOAT, (64, 64))
+    assert infos["y"] == TensorInfo(TensorProto.FLOAT, ("batch", 2, 32))   # the int64 shape was read
+    assert len(model.graph.initializer) == 2 and len(model.graph.input) == (3 if weights_are_inputs else 1)

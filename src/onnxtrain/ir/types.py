@@ -77,6 +77,7 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     """
     from onnxtrain.ir import symbolic  # it builds on TensorInfo: imported here, not at the top
 
+    model = _weights_as_inputs(model)
     infos = _infer_once(model)
     given, constants = symbolic.input_symbols(model.graph), symbolic.integer_constants(model.graph)
     solved: dict[str, TensorInfo] = {}
@@ -95,6 +96,40 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
         # declared ones, so none is given to another dimension
         infos = _infer_declared(model, solved)
     return infos
+
+
+LARGE_WEIGHT = 1024  # elements: float initializers above this are declared as inputs for inference
+
+
+def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` for shape inference: a copy whose large float initializers are graph inputs of their type and
+    shape, or ``model`` itself when it has none.
+
+    Inference reads the values of integer tensors (shapes) and of small float ones (Resize's scales, Range's
+    bounds), never those of weights; but every inference serializes the model to the C++ side and back, weights
+    included: a 90 MB BERT took 7.4 s to infer with its weights inline against 0.3 s without (the solvers'
+    rounds infer again and again). The infos are the same: an initializer's come from its dims either way.
+    """
+    graph = model.graph
+    large = {i.name for i in graph.initializer
+             if i.data_type in FLOAT_TYPES and int(np.prod(i.dims, dtype=np.int64)) > LARGE_WEIGHT}
+    if not large:
+        return model
+    view = onnx.ModelProto(ir_version=model.ir_version)
+    view.opset_import.extend(model.opset_import)
+    view.functions.extend(model.functions)
+    out = view.graph
+    out.name = graph.name
+    out.node.extend(graph.node)
+    declared = {i.name for i in graph.input}   # below IR 4 an initializer may be a graph input too
+    out.input.extend(graph.input)
+    out.input.extend(helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in graph.initializer
+                     if i.name in large and i.name not in declared)
+    out.initializer.extend(i for i in graph.initializer if i.name not in large)
+    out.sparse_initializer.extend(graph.sparse_initializer)
+    out.output.extend(graph.output)
+    out.value_info.extend(graph.value_info)
+    return view
 
 
 def _infer_declared(model: onnx.ModelProto, declared: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
@@ -189,6 +224,7 @@ def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], di
     filled in such a dimension, or inference from the inputs alone leaves the rank of a node's output unknown, it
     runs again with the (corrected) declarations, which it then builds on, as ``infer_tensor_info`` does.
     """
+    model = _weights_as_inputs(model)
     graph = model.graph
     if not graph.value_info and not any(o.type.tensor_type.HasField("shape") for o in graph.output
                                         if o.type.HasField("tensor_type")):
