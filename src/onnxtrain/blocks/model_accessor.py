@@ -20,7 +20,7 @@ from onnx import helper
 from onnxtrain.blocks.base import BuildContext
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.passes import default_opset, used_names
-from onnxtrain.ir.types import TensorInfo, infer_tensor_info
+from onnxtrain.ir.types import TensorInfo, infer_tensor_info, weights_as_inputs
 
 __all__ = ["ModelAccessor", "base", "empty_base", "current_accessor", "innermost_accessor", "calling",
            "custom_op_library", "building_on", "undefined_reads"]
@@ -159,7 +159,7 @@ class ModelAccessor:
             if vi.name == name:
                 return copy.deepcopy(vi)
         check_defined(model.graph, _who())
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        inferred = onnx.shape_inference.infer_shapes(weights_as_inputs(model), strict_mode=False)
         for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
             if vi.name == name:
                 return copy.deepcopy(vi)

@@ -9,7 +9,7 @@ import onnx
 from onnx import helper
 
 __all__ = ["TensorInfo", "value_info", "infer_tensor_info", "infer_from_inputs", "redeclare", "fresh_symbol",
-           "np_dtype", "onnx_dtype", "FLOAT_TYPES"]
+           "np_dtype", "onnx_dtype", "weights_as_inputs", "FLOAT_TYPES"]
 
 FLOAT_TYPES = frozenset(
     {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
@@ -77,7 +77,7 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
     """
     from onnxtrain.ir import symbolic  # it builds on TensorInfo: imported here, not at the top
 
-    model = _weights_as_inputs(model)
+    model = weights_as_inputs(model)
     infos = _infer_once(model)
     given, constants = symbolic.input_symbols(model.graph), symbolic.integer_constants(model.graph)
     solved: dict[str, TensorInfo] = {}
@@ -101,7 +101,7 @@ def infer_tensor_info(model: onnx.ModelProto) -> dict[str, TensorInfo]:
 LARGE_WEIGHT = 1024  # elements: float initializers above this are declared as inputs for inference
 
 
-def _weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+def weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` for shape inference: a copy whose large float initializers are graph inputs of their type and
     shape, or ``model`` itself when it has none.
 
@@ -224,7 +224,7 @@ def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], di
     filled in such a dimension, or inference from the inputs alone leaves the rank of a node's output unknown, it
     runs again with the (corrected) declarations, which it then builds on, as ``infer_tensor_info`` does.
     """
-    model = _weights_as_inputs(model)
+    model = weights_as_inputs(model)
     graph = model.graph
     if not graph.value_info and not any(o.type.tensor_type.HasField("shape") for o in graph.output
                                         if o.type.HasField("tensor_type")):
