@@ -665,6 +665,23 @@ def mc3_18():
     return import_torchvision().models.video.mc3_18(weights=None, num_classes=CLASSES)
 
 
+def s3d():
+    """torchvision's S3D: separable 3D convolutions (a 1xkxk then a kx1x1 Conv3d, each with BatchNorm3d of
+    momentum 0.001 and eps 0.001) in inception blocks, 3D max pooling. Its head's AvgPool3d((2, 7, 7)) needs
+    16 frames of 224 px; here a (1, 2, 2) one, so that 8 frames of 64 px (a 1 x 2 x 2 feature map) suffice."""
+    import torch
+
+    from tests.zoo.vision import import_torchvision
+
+    model = import_torchvision().models.video.s3d(weights=None, num_classes=CLASSES, dropout=0.0)
+    model.avgpool = torch.nn.AvgPool3d(kernel_size=(1, 2, 2), stride=1)
+    return model
+
+
+def _video8(batch, size, rng):
+    return (rng.standard_normal((batch, 3, 8, size, size)).astype(np.float32),)
+
+
 ZOO: dict[str, Spec] = {s.name: s for s in [
     _vision("resnet18", "torchvision", _torchvision("resnet18"), quick=("torchscript-train",)),
     _vision("mobilenet_v3_small", "torchvision", _torchvision("mobilenet_v3_small", dropout=0.0)),
@@ -972,4 +989,17 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     # locally grouped attention over windows (padded to a multiple of the window) and global sub-sampled
     # attention, convolutional position encodings
     _vision("twins_svt", "timm", _timm("twins_svt_small", img_size=64, depths=(1, 1, 1, 1), drop_path_rate=0.0)),
+    # timm's MaxViT (MBConv with BatchNorm, then block and grid attention with relative position biases, which
+    # fix the size); two stages of one block. Running means after one training step: 1e-7 (relative) from torch
+    # float64, as torch float32's; the float64 graph 2e-8 (momentum and epsilon are float32 attributes). From timm's
+    # own init (BatchNorm bias 0), conv.norm1's batch mean is W @ 0 = 0: both values are rounding noise (1e-8), whose
+    # relative difference says nothing; the zoo's perturbed weights avoid that
+    _vision("maxvit_rw", "timm", _timm("maxvit_nano_rw_256", img_size=64, embed_dim=(16, 32), depths=(1, 1),
+                                       block_type=("M", "M"), stem_width=(8, 16), transformer_dim_head=8,
+                                       drop_path_rate=0.0), sizes=(64, None), axes={}),
+    # ReLU kinks and training-mode BatchNorm3d over 8 to 18 values per channel in the last blocks: float32 gradients
+    # up to 3e-2 off on some batches (torch float32 1e-4), while the graph run in float64 is within 4e-8 of torch
+    # float64 (4e-12 with torch's eps rounded to the float32 attribute's 0.0010000000475); torch float64's own
+    # gradients move by 5e-2 when the input moves by float32 rounding (eval mode), so the float64 check decides
+    Spec("s3d", "torchvision", s3d, _video8, _classes, (64, 96), {3: "height", 4: "width"}, batches=(2, 3)),
 ]}
