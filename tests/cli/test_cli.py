@@ -144,6 +144,11 @@ def test_resume_needs_flags_and_continues(workdir, arts):
     info = json.loads(run_cli("info", arts, "--json").stdout)
     assert info["run"]["last"]["progress"]["epoch"] == 3
     assert info["run"]["last"]["progress"]["global_step"] == 30  # 10 batches of 32 per epoch
+    # `--resume DIR` (the folder right after the flag): argparse gave DIR to --resume and stopped at "DIR required"
+    proc = run_cli("train", "--resume", arts, "--data", workdir / "train.npz", "--epochs", "4")
+    assert proc.returncode == 0, proc.stderr
+    assert [ln.split()[1] for ln in proc.stdout.splitlines() if ln.startswith("epoch ")] == ["4/4"]
+    assert_one_line_error(run_cli("train", "--data", workdir / "train.npz"), "required: DIR")
 
 
 def test_export_onto_an_artifact_and_generate_from_an_artifact_are_refused(workdir, arts, tmp_path):

@@ -540,7 +540,8 @@ def describe_files(result: FitResult) -> list[str]:
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train the artifacts on a dataset", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dir", metavar="DIR", help="the artifact folder written by `onnxtrain generate`")
+    # optional for argparse only: `train --resume DIR` (no CKPT) gives the folder to --resume (see _artifact_dir)
+    p.add_argument("dir", metavar="DIR", nargs="?", help="the artifact folder written by `onnxtrain generate`")
     p.add_argument("--data", required=True, metavar="TRAIN.npz",
                    help="training data: arrays x and y (see `onnxtrain data`), or one array per model input by name")
     p.add_argument("--val", metavar="VAL.npz", help="validation data, evaluated after every epoch")
@@ -548,7 +549,7 @@ def add_parser(sub) -> None:
     p.add_argument("--resume", nargs="?", const="last", metavar="CKPT",
                    help="continue the run saved in DIR/run/last.ckpt, or from CKPT: `best` or the path of an earlier "
                         "checkpoint of it (e.g. DIR/run/step-200.ckpt; the run's later files move to "
-                        "DIR/run/previous/); write it after DIR")
+                        "DIR/run/previous/); `train --resume DIR` continues DIR's last run")
     p.add_argument("--save-every-steps", type=int, default=0, metavar="N",
                    help="also save the run every N optimizer steps, as DIR/run/step-<S>.ckpt and last.ckpt, to "
                         "resume mid-epoch after a crash (default 0: only after every epoch)")
@@ -673,10 +674,22 @@ def _check_log_path(path: str) -> None:
         raise CliError(f"--log {path}: the folder {folder} does not exist")
 
 
+def _artifact_dir(args: argparse.Namespace) -> None:
+    """DIR is required; written as `train --resume DIR ...`, argparse hands the folder to the optional --resume
+    value and leaves DIR empty: that is `train DIR --resume` (continue DIR's last run)."""
+    if args.dir is not None:
+        return
+    if isinstance(args.resume, str) and args.resume not in ("last", "best") and os.path.isdir(args.resume):
+        args.dir, args.resume = args.resume, "last"
+        return
+    raise CliError("the following arguments are required: DIR (the artifact folder written by `onnxtrain generate`)")
+
+
 def run(args: argparse.Namespace) -> int:
     from onnxtrain.data import data_spec
     from onnxtrain.runtime.loop import check_metrics
 
+    _artifact_dir(args)
     if args.resume and args.restart:
         raise CliError("--resume and --restart exclude each other")
     if args.save_every_steps < 0:
