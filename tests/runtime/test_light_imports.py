@@ -13,6 +13,8 @@ def test_runtime_does_not_import_optional_packages(tmp_path):
     script = textwrap.dedent(f"""
         import sys
         from onnxtrain.api import CheckpointState, Module, Optimizer, LinearLRScheduler  # noqa: F401
+        import onnxtrain.api.checkpoint_state, onnxtrain.api.module, onnxtrain.api.optimizer  # noqa: F401, E401
+        import onnxtrain.api.lr_scheduler  # noqa: F401
         import onnxtrain.artifacts  # noqa: F401
         import onnxtrain.cli.main  # noqa: F401  (the CLI imports its extras lazily)
         loaded = {{m.split(".")[0] for m in sys.modules}}
