@@ -219,6 +219,11 @@ for mode in ["constant", "reflect", "edge", "wrap"]:
     row("Pad", {"x": randn(2, 3, 4)}, {"mode": mode}, consts={"p": i64([0, 1, 2, 0, 2, 1])}, tag=mode, opset=19)
 row("Pad", {"x": randn(2, 3, 4)}, consts={"p": i64([1, -1, 2, -1]), "_omit": np.zeros(0), "axes": i64([1, 2])},
     tag="axes_and_crop", opset=19)
+# a pad value computed from parameters (a scalar, or the one-element tensor the TorchScript exporter writes)
+row("Pad", {"x": randn(2, 3, 4), "v": randn()}, consts={"p": i64([0, 1, 2, 0, 2, 1])}, order=["x", "p", "v"],
+    tag="value", opset=19)
+row("Pad", {"x": randn(2, 3, 4), "v": randn(1)}, consts={"p": i64([1, -1, 2, -1]), "axes": i64([1, 2])},
+    order=["x", "p", "v", "axes"], tag="value_and_crop", opset=19)
 row("Trilu", {"x": randn(2, 4, 5)}, {"upper": 0}, consts={"k": np.asarray(1, np.int64)},
     torch=lambda x: x.tril(1))
 row("TopK", {"x": distinct(3, 5)}, {"axis": 1}, consts={"k": i64([2])}, outputs=2,

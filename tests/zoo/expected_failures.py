@@ -79,6 +79,49 @@ _MAXVIT_RW_DYNAMO = ("ConversionError: Failed to decompose the FX graph for ONNX
 _S3D_DYNAMO = ("TorchExportError: Failed to export the model with torch.export. ... NotImplementedError: The "
                "inequality, Eq((((x/16)//2)) - 2, 0), cannot be solved using solve_univariate_inequality.")
 
+# Architectures probed on 2026-11-29 (session 21):
+# timm's halo attention unfolds the padded keys and values; the TorchScript exporter's Unfold needs static sizes, and
+# the zoo's export has a dynamic height and width (the dynamo export trains at both sizes)
+_HALONET_TORCHSCRIPT = ("SymbolicValueError: Unsupported: ONNX export of operator Unfold, input size not accessible. "
+                        "Please feel free to request support or submit a pull request on PyTorch GitHub: ...")
+# as S3D's: torch.export cannot solve the guards a stride-2 stage puts on a dynamic height (the TorchScript exports
+# train at both sizes)
+_LAMBDA_DYNAMO = ("TorchExportError: Failed to export the model with torch.export. ... NotImplementedError: The "
+                  "inequality, Eq(-x/32 + (((x/16)//2)), 0), cannot be solved using solve_univariate_inequality.")
+_DLA_DYNAMO = ("TorchExportError: Failed to export the model with torch.export. ... NotImplementedError: The "
+               "inequality, Eq(x/16 - (((x/8)//2)), 0), cannot be solved using solve_univariate_inequality.")
+# the TorchScript trace bakes Funnel's sequence-length-dependent values at the export length: the source model itself is
+# 3e-3 off torch's output in onnxruntime at 12 tokens
+_FUNNEL_TRACED = "AssertionError: loss 1.43518, torch 1.43629 (float32: 1.43629; size)"
+_FUNNEL_TRACED_EXPORTS = "AssertionError: eval model: relative difference 3.25e-03 from torch's eval output (size)"
+# torch.export specializes the sequence length of Funnel and Canine (their dynamic-length exports fail)
+_FIXED_LENGTH_DYNAMO = ("TorchExportError: Failed to export the model with torch.export. ... Received user-specified "
+                        "dim hint Dim.DYNAMIC(min=None, max=None), but tracing inferred a static shape of 8 for "
+                        "dimension inputs['x'].shape[1].")
+# transformers builds a full (batch, 1, sequence, sequence) attention mask when tracing or exporting, which cannot be
+# added to Nystromformer's (batch, heads, landmarks, sequence) landmark scores: both exports fail inside the model
+_NYSTROMFORMER_EXPORT = ("RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-singleton "
+                         "dimension 2")
+# torch's float64 reference is NaN: Canine's local attention mask is (1 - mask.float()) * finfo(float64).min, a
+# float32 product that overflows to -inf, and 0 * -inf is NaN (the checks that need no float64 torch pass)
+_CANINE_FLOAT64 = ("AssertionError: torch's own float64 runs differ (loss nan, then nan; gradients of "
+                   "['model.canine.char_embeddings.HashBucketCodepointEmbedder_0.weight', ...")
+# The TorchScript export of Longformer computes another function than torch's where layer 0's sliding-window attention
+# reaches the loss (through the first token's global attention; 1e-8 of the gradient's norm at 8 tokens, 1e-7 at 12).
+# onnxtrain differentiates the export exactly: its float64 gradient equals the exported model's own central
+# differences (key.weight[5]: 5.900e-10 against 5.912e-10; value.weight[0] at 12 tokens: -1.2398e-07 against
+# -1.2395e-07), while torch's autograd equals torch's (-9.776e-10 against -9.380e-10; 2.8525e-07 against 2.8550e-07)
+_LONGFORMER_TRACED = ("AssertionError: case base, 3 batches: model.longformer.encoder.layer.0.attention.self."
+                      "key.weight: relative gradient error 3.61e-02 (torch float32: 7.68e-09); ... in float64 the "
+                      "graph's worst error is 3.31e-02")
+_LONGFORMER_DYNAMO = ("TorchExportError: Failed to export the model with torch.export. ... "
+                      "GuardOnDataDependentSymNode: Could not guard on data-dependent expression 4*u1 < 8 "
+                      "(unhinted: 4*u1 < s27).")
+# float32 rounding in MobileOne's eval-mode forward after two training steps: on the second batch torch's own float32
+# output is 4.7e-5 off its float64 one, the exported inference model 8.5e-5, and that model run in float64
+# (onnx.reference) is 7.5e-14 off torch float64 (models.py says why its training gradients are ill-conditioned too)
+_MOBILEONE_ROUNDING = "AssertionError: inference model: relative difference 1.20e-04 from torch's eval output (batch)"
+
 EXPECTED_FAILURES: dict[tuple[str, ...], str] = {
     **{("falcon", e): _FALCON_TORCHSCRIPT for e in ("torchscript-train", "torchscript-eval")},
     **{("falcon", "dynamo", c): _FALCON_DYNAMO for c in ("base", "batch", "size", "trains", "exports")},
@@ -104,4 +147,18 @@ EXPECTED_FAILURES: dict[tuple[str, ...], str] = {
     ("visformer", "dynamo", "trains"): _VISFORMER_EVAL_DIVERGES,
     ("maxvit_rw", "dynamo"): _MAXVIT_RW_DYNAMO,
     ("s3d", "dynamo"): _S3D_DYNAMO,
+    **{("halonet26t", e): _HALONET_TORCHSCRIPT for e in ("torchscript-train", "torchscript-eval")},
+    ("lambda_resnet26t", "dynamo"): _LAMBDA_DYNAMO,
+    ("dla34", "dynamo"): _DLA_DYNAMO,
+    **{("funnel", e, "size"): _FUNNEL_TRACED for e in ("torchscript-train", "torchscript-eval")},
+    **{("funnel", e, "exports"): _FUNNEL_TRACED_EXPORTS for e in ("torchscript-train", "torchscript-eval")},
+    ("funnel", "dynamo"): _FIXED_LENGTH_DYNAMO,
+    **{("nystromformer", e): _NYSTROMFORMER_EXPORT for e in ("torchscript-train", "torchscript-eval", "dynamo")},
+    **{("canine", e, c): _CANINE_FLOAT64 for e in ("torchscript-train", "torchscript-eval")
+       for c in ("base", "batch", "size")},
+    ("canine", "dynamo"): _FIXED_LENGTH_DYNAMO,
+    **{("longformer", e, c): _LONGFORMER_TRACED for e in ("torchscript-train", "torchscript-eval")
+       for c in ("base", "batch", "size")},
+    ("longformer", "dynamo"): _LONGFORMER_DYNAMO,
+    ("mobileone_s0", "torchscript-train", "exports"): _MOBILEONE_ROUNDING,
 }

@@ -682,6 +682,148 @@ def _video8(batch, size, rng):
     return (rng.standard_normal((batch, 3, 8, size, size)).astype(np.float32),)
 
 
+# -- architectures probed on 2026-11-29 (session 21) as ones nobody here had tried --------------------------------
+
+def _narrow(channels: int) -> int:
+    """A sixteenth of a timm stage width, a multiple of 8 (grouped and depthwise convolutions stay valid)."""
+    return max(8, channels // 16 // 8 * 8)
+
+
+_BYOA = "timm.models.byoanet"  # timm's attention configurations of ByobNet
+
+
+def _byob(variant: str, module: str = "timm.models.byobnet", **attn_kwargs):
+    """A timm ByobNet configuration (``model_cfgs[variant]`` of ``module``) cut to one block per stage (an
+    interleaved stage keeps one block of each kind) at a sixteenth of the width; ``attn_kwargs`` replace the
+    self-attention's (window sizes the 64 px maps allow)."""
+
+    def build():
+        import dataclasses
+        import importlib
+
+        from timm.models.byobnet import ByobNet
+
+        def small(block):
+            return dataclasses.replace(block, d=1, c=_narrow(block.c))
+
+        cfg = importlib.import_module(module).model_cfgs[variant]
+        blocks = tuple(tuple(small(b) for b in s) if isinstance(s, (tuple, list)) else small(s) for s in cfg.blocks)
+        stem = _narrow(cfg.stem_chs) if isinstance(cfg.stem_chs, int) else tuple(_narrow(c) for c in cfg.stem_chs)
+        cfg = dataclasses.replace(cfg, blocks=blocks, stem_chs=stem,
+                                  self_attn_kwargs={**cfg.self_attn_kwargs, **attn_kwargs})
+        return ByobNet(cfg, num_classes=CLASSES, img_size=64 if cfg.fixed_input_size else None, drop_path_rate=0.0)
+
+    return build
+
+
+def _timm_cfg(module: str, cls: str, variant: str, **changes):
+    """A timm architecture from its class and its named configuration ``variant`` (a dict or a dataclass) with
+    ``changes`` (depths and widths the zoo can afford)."""
+
+    def build():
+        import dataclasses
+        import importlib
+
+        models = importlib.import_module(module)
+        cfg = models.model_cfgs[variant]
+        cfg = {**cfg, **changes} if isinstance(cfg, dict) else dataclasses.replace(cfg, **changes)
+        return getattr(models, cls)(cfg, num_classes=CLASSES, drop_path_rate=0.0)
+
+    return build
+
+
+def cspresnet():
+    """timm's CSPResNet-50 cut to one bottleneck per stage: cross-stage partial stages (the map split in two
+    halves by a 1x1 convolution's channels, one half through the blocks, concatenated back)."""
+    import dataclasses
+
+    from timm.models import cspnet
+
+    cfg = cspnet.model_cfgs["cspresnet50"]
+    cfg = dataclasses.replace(cfg, stem=dataclasses.replace(cfg.stem, out_chs=16),
+                              stages=dataclasses.replace(cfg.stages, depth=(1, 1, 1, 1), out_chs=(32, 64, 64, 128)))
+    return cspnet.CspNet(cfg, num_classes=CLASSES, drop_path_rate=0.0)
+
+
+def efficientnetv2_rw_t():
+    """timm's EfficientNetV2-tiny at a quarter of the width and depth: fused MBConv (a full 3x3 convolution in
+    place of the expansion and depthwise pair) in the early stages, MBConv with squeeze-excitation after."""
+    from timm.models.efficientnet import _gen_efficientnetv2_s
+
+    return _gen_efficientnetv2_s("efficientnetv2_rw_t", channel_multiplier=0.25, depth_multiplier=0.25,
+                                 num_classes=CLASSES, drop_rate=0.0, drop_path_rate=0.0)
+
+
+def resnetv2_bit():
+    """timm's BiT ResNetV2-50x1 with one block per stage: pre-activation bottlenecks with GroupNorm, convolutions
+    whose weights are standardized in the forward (StdConv2d: each filter's mean and variance, by batch_norm over
+    the weight), a fixed-padding stem."""
+    from functools import partial
+
+    from timm.layers import StdConv2d
+    from timm.models.resnetv2 import ResNetV2
+
+    return ResNetV2(layers=(1, 1, 1, 1), channels=(128, 128, 256, 256), stem_chs=32, stem_type="fixed",
+                    conv_layer=partial(StdConv2d, eps=1e-8), num_classes=CLASSES)
+
+
+def bart():
+    """BART as a denoising seq2seq model: the encoder reads the tokens, the decoder reads them shifted right
+    (BartModel's own shift_tokens_right, with the decoder start token) and predicts each one through cross-attention
+    and the tied LM head; (batch, vocabulary, positions) for cross-entropy against the tokens."""
+    import torch
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    config = BartConfig(vocab_size=VOCAB, max_position_embeddings=32, d_model=16, encoder_layers=1, decoder_layers=1,
+                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, encoder_layerdrop=0.0,
+                        decoder_layerdrop=0.0)
+    inner = BartForConditionalGeneration(config)
+    # the logits' bias is a buffer in torch; a TorchScript export cannot tell it from a parameter (the harness trains
+    # every float initializer), so it is one here, as Whisper's position table is trained
+    bias = inner.final_logits_bias
+    del inner.final_logits_bias
+    inner.final_logits_bias = torch.nn.Parameter(bias.clone())
+
+    class _Denoising(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = inner
+
+        def forward(self, x):
+            return self.model(input_ids=x).logits.transpose(1, 2)
+
+    return _Denoising()
+
+
+def _same_tokens(inputs, rng):
+    return inputs[0].copy()
+
+
+def _spectrogram(batch, size, rng):
+    """AST's input: ``size`` frames of 16 mel bins, (batch, time, frequency)."""
+    return (rng.standard_normal((batch, size, 16)).astype(np.float32),)
+
+
+def _float32_eps(build):
+    """``build`` with each BatchNorm's epsilon rounded to float32, the value the exported attribute holds.
+
+    For a gradient that exists only through epsilon (a per-channel scale right before a training-mode BatchNorm,
+    which normalizes the scale away) the float32 rounding of 1e-5 (2.5e-9, relative) moves the exact gradient by up
+    to 3e-6 (relative): the float64 check would then compare two different models."""
+
+    def rounded():
+        import torch
+
+        model = build()
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.eps = float(np.float32(module.eps))
+        return model
+
+    return rounded
+
+
 ZOO: dict[str, Spec] = {s.name: s for s in [
     _vision("resnet18", "torchvision", _torchvision("resnet18"), quick=("torchscript-train",)),
     _vision("mobilenet_v3_small", "torchvision", _torchvision("mobilenet_v3_small", dropout=0.0)),
@@ -1002,4 +1144,90 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     # float64 (4e-12 with torch's eps rounded to the float32 attribute's 0.0010000000475); torch float64's own
     # gradients move by 5e-2 when the input moves by float32 rounding (eval mode), so the float64 check decides
     Spec("s3d", "torchvision", s3d, _video8, _classes, (64, 96), {3: "height", 4: "width"}, batches=(2, 3)),
+    # probed on 2026-11-29 (session 21) as architectures nobody here had tried (slow only):
+    # weight standardization in the forward (StdConv2d), GroupNorm, pre-activation bottlenecks
+    _vision("resnetv2_bit", "timm", resnetv2_bit),
+    # halo attention: keys and values from each 2x2 block with a 1-pixel halo (unfold of the padded map), relative
+    # position logits over the window
+    _vision("halonet26t", "timm", _byob("halonet26t", _BYOA, block_size=2, halo_size=1), sizes=(64, 128)),
+    # bottleneck self-attention with relative position logits for a fixed feature size
+    _vision("botnet26t", "timm", _byob("botnet26t", _BYOA), sizes=(64, None), axes={}),
+    # lambda layers: content lambdas from softmax-normalized keys, position lambdas from a Conv3d over the values
+    _vision("lambda_resnet26t", "timm", _byob("lambda_resnet26t", _BYOA)),
+    # selective kernel: 3x3 and dilated branches mixed by a softmax attention over branches
+    _vision("skresnet18", "timm", _timm("skresnet18", layers=(1, 1, 1, 1), channels=(16, 32, 64, 64), stem_width=16)),
+    # space-to-depth stem, anti-aliased (blur) downsampling, inplace-ABN-style LeakyReLU, SE
+    _vision("tresnet_m", "timm", _timm("tresnet_m", layers=(1, 1, 1, 1), width_factor=0.25)),
+    # MobileOne and RepVGG in their training form: parallel 3x3, 1x1 and identity BatchNorm branches summed.
+    # MobileOne's depthwise 1x1 branch scales each channel before a training-mode BatchNorm, so its weights' gradient
+    # exists only through epsilon (1e-6 to 1e-5 of the gradient's norm): float32 sums make it noise, in torch (1e-3)
+    # and more so in onnxruntime's float32 reductions (2e-2 to 4e-2). The float64 graph matches torch float64 within
+    # 1e-10 once both use the same epsilon: hence _float32_eps
+    _vision("mobileone_s0", "timm", _float32_eps(_byob("mobileone_s0"))),
+    _vision("repvgg_a0", "timm", _byob("repvgg_a0")),
+    # deep layer aggregation: tree-structured roots concatenating the outputs of several levels
+    _vision("dla34", "timm", _timm("dla34", levels=(1, 1, 1, 1, 1, 1), channels=(8, 16, 16, 32, 32, 64))),
+    # Res2Net: each bottleneck's channels split in 8 groups, each 3x3 convolution fed the previous group's output
+    _vision("res2net50_14w_8s", "timm", _timm("res2net50_14w_8s", layers=(1, 1, 1, 1), channels=(16, 32, 64, 64),
+                                              stem_width=16)),
+    # ReXNet: channels growing linearly, residual adds into a slice of the channels (zero-padded shortcut), SiLU
+    _vision("rexnet_100", "timm", _timm("rexnet_100", width_mult=0.5, depth_mult=0.5)),
+    # cross-stage partial stages (half the channels through the blocks, concatenated back)
+    _vision("cspresnet50", "timm", cspresnet),
+    # one-shot aggregation (every layer's output concatenated once), depthwise, effective squeeze-excitation
+    _vision("ese_vovnet19b_dw", "timm", _timm_cfg("timm.models.vovnet", "VovNet", "ese_vovnet19b_dw",
+                                                  stem_chs=[16, 16, 16], stage_conv_chs=[16, 16, 24, 24],
+                                                  stage_out_chs=[32, 48, 64, 64])),
+    # fused MBConv early, MBConv with squeeze-excitation later
+    _vision("efficientnetv2_rw_t", "timm", efficientnetv2_rw_t),
+    # full seq2seq: decoder input shifted from the encoder input, causal self-attention, cross-attention, tied head
+    _text("bart", bart, labels=_same_tokens, output_axes={2: "sequence"}),
+    # the sequence pooled (stride 2) between blocks, relative positional attention with separated token types
+    _text("funnel", _hf("FunnelForSequenceClassification", "FunnelConfig", vocab_size=VOCAB, block_sizes=[1, 1],
+                        num_decoder_layers=1, d_model=16, n_head=2, d_head=8, d_inner=32, hidden_dropout=0.0,
+                        attention_dropout=0.0, activation_dropout=0.0, num_labels=CLASSES)),
+    # DeBERTa v1: disentangled attention (content-to-position and position-to-content, gathered by relative index)
+    _text("deberta_v1", _hf("DebertaForSequenceClassification", "DebertaConfig", vocab_size=VOCAB,
+                            max_position_embeddings=32, relative_attention=True, max_relative_positions=16,
+                            pos_att_type=["c2p", "p2c"], pooler_dropout=0.0, **_TRANSFORMER)),
+    # Nystrom attention: landmarks by segment means, an iterative Moore-Penrose pseudo-inverse, a depthwise Conv2d
+    # skip over the values; the segments' length is configured (segment_means_seq_len), which fixes the length
+    Spec("nystromformer", "transformers", _hf("NystromformerForSequenceClassification", "NystromformerConfig",
+                                              vocab_size=VOCAB, max_position_embeddings=40, num_landmarks=4,
+                                              segment_means_seq_len=8, conv_kernel_size=3, hidden_dropout_prob=0.0,
+                                              attention_probs_dropout_prob=0.0, **_SMALL_HF),
+         _tokens, _classes, (8, None), {}, batches=(2, 3)),
+    # characters hashed into several embedding tables (modulo arithmetic on the ids), a strided Conv1d downsampling,
+    # local attention, upsampling by repeat
+    _text("canine", _hf("CanineForSequenceClassification", "CanineConfig", downsampling_rate=4, num_hash_functions=2,
+                        num_hash_buckets=64, local_transformer_stride=4, max_position_embeddings=64,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_SMALL_HF)),
+    # Swin V2: cosine attention with a learned, clamped log temperature, continuous position bias from an MLP over
+    # log-spaced offsets, post-norm
+    _vision("swinv2", "transformers", _hf("Swinv2ForImageClassification", "Swinv2Config", image_size=32, patch_size=2,
+                                          embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4,
+                                          drop_path_rate=0.0, hidden_dropout_prob=0.0,
+                                          attention_probs_dropout_prob=0.0, num_labels=CLASSES), sizes=(32, 64)),
+    # focal modulation: gated aggregation of depthwise-convolution contexts at several levels and a global one
+    _vision("focalnet", "transformers", _hf("FocalNetForImageClassification", "FocalNetConfig", image_size=32,
+                                            patch_size=4, embed_dim=16, depths=[1, 1], focal_levels=[2, 2],
+                                            focal_windows=[3, 3], drop_path_rate=0.0, hidden_dropout_prob=0.0,
+                                            num_labels=CLASSES), sizes=(32, 64)),
+    # raw audio: a Conv1d feature encoder with LayerNorm, a stack of grouped positional convolutions
+    Spec("data2vec_audio", "transformers", _hf("Data2VecAudioForSequenceClassification", "Data2VecAudioConfig",
+                                               conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3),
+                                               num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2,
+                                               conv_pos_kernel_size=5, hidden_dropout=0.0, attention_dropout=0.0,
+                                               activation_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0,
+                                               layerdrop=0.0, mask_time_prob=0.0, mask_feature_prob=0.0,
+                                               classifier_proj_size=8, **_SMALL_HF),
+         _audio, _classes, (400, 640), {1: "samples"}, batches=(2, 3)),
+    # a ViT over overlapping spectrogram patches (stride 10 of 16), distillation token; positions fix the length
+    Spec("ast", "transformers", _hf("ASTForAudioClassification", "ASTConfig", num_mel_bins=16, max_length=32,
+                                    frequency_stride=10, time_stride=10, hidden_dropout_prob=0.0,
+                                    attention_probs_dropout_prob=0.0, **_SMALL_HF),
+         _spectrogram, _classes, (32, None), {}, batches=(2, 3)),
+    # sliding-window attention over chunks (windows of 4), global attention on the first token
+    _text("longformer", _hf("LongformerForSequenceClassification", "LongformerConfig", vocab_size=VOCAB,
+                            max_position_embeddings=40, pad_token_id=1, attention_window=[4, 4], **_TRANSFORMER)),
 ]}

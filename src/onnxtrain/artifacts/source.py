@@ -18,7 +18,7 @@ from onnxtrain.artifacts.passes.cast_like_to_cast import CastLikeToCast
 from onnxtrain.artifacts.passes.fold_index_constants import FoldIndexConstants
 from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
-from onnxtrain.artifacts.torch_names import restore_torch_parameters, retie_folded_transposes
+from onnxtrain.artifacts.torch_names import EXPORT_KIND, restore_torch_parameters, retie_folded_transposes
 from onnxtrain.conventions import TRAINING_META
 from onnxtrain.ir.passes import clone, clone_without, declare_as_inputs, default_opset, node_inputs
 from onnxtrain.ir.symbolic import canonical_name, input_symbols
@@ -250,14 +250,18 @@ def _split_sequences(proto: onnx.ModelProto, weights: dict[str, np.ndarray]) -> 
 def _unalias_initializers(graph: onnx.GraphProto, weights: dict[str, np.ndarray]) -> None:
     """Turn ``Identity(initializer) -> name`` into an initializer of its own called ``name``.
 
-    torch.onnx.export stores equal-valued parameters once and aliases the others with Identity nodes;
-    they are separate parameters in the source model and must stay separately trainable here.
+    torch.onnx.export (TorchScript) stores equal-valued parameters once and aliases the others with Identity nodes;
+    they are separate parameters in the source model and must stay separately trainable here. The dynamo exporter
+    aliases none: an Identity on a tensor it records as the module's (``InputSpec.kind``) is that tensor's
+    ``clone()``, which stays an Identity, so that every read trains the one parameter.
     """
     keep = []
     graph_outputs = {o.name for o in graph.output}
+    recorded = {v.name for v in [*graph.input, *graph.value_info]
+                if any(p.key == EXPORT_KIND for p in v.metadata_props)}
     for node in graph.node:
         if (node.op_type == "Identity" and node.input[0] in weights and node.output[0] not in weights
-                and node.output[0] not in graph_outputs):
+                and node.output[0] not in graph_outputs and node.input[0] not in recorded):
             weights[node.output[0]] = weights[node.input[0]].copy()
         else:
             keep.append(node)

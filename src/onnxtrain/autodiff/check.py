@@ -163,7 +163,8 @@ def check_gradients(model: onnx.ModelProto, inputs: Mapping[str, np.ndarray], wr
 
     base = loss_at(inputs) if kink_tol is not None else 0.0
     for name, analytic in zip(wrt, results[1:]):
-        x = np.array(inputs[name], dtype=inputs[name].dtype)
+        # a C-ordered copy: reshape(-1) of a strided view is a copy, whose perturbations the model would not see
+        x = np.array(inputs[name], dtype=inputs[name].dtype, order="C")
         numeric = np.full(x.shape, np.nan, dtype=np.float64)
         flat = x.reshape(-1)
         picked = np.arange(flat.size)

@@ -60,13 +60,24 @@ def pad(ctx: GradContext):
         if pads is None:         # opset < 11: pads is an attribute
             return (ctx.op.Pad(ctx.dy[0], pads=[-p for p in ctx.attr("pads")]),)
         # (the fill is explicit: an omitted input between present ones confuses onnx.reference)
-        return ctx.op.Pad(ctx.dy[0], ctx.op.Neg(pads), ctx.const_like(0.0, x), axes), None, None, None
+        dx = ctx.op.Pad(ctx.dy[0], ctx.op.Neg(pads), ctx.const_like(0.0, x), axes)
+        return dx, None, _pad_value_grad(ctx, dx), None
     positions = _flat_positions(ctx, x)
     if pads is None:
         positions = ctx.op.Pad(positions, pads=list(ctx.attr("pads")), mode=mode)
     else:
         positions = ctx.op.Pad(positions, pads, ctx.b.const(np.int64(0)), axes, mode=mode)
     return _scatter_add_back(ctx, positions), None, None, None
+
+
+def _pad_value_grad(ctx: GradContext, dx: str) -> str | None:
+    """Every output element x did not fill is the pad value: d(value) = sum(dY) - sum(dX)."""
+    value = ctx.x[2] if len(ctx.x) > 2 else ""
+    if not value or ctx.const_value(value) is not None:
+        return None
+    filled = ctx.op.Sub(ctx.b.reduce("ReduceSum", ctx.dy[0], None, keepdims=False),
+                        ctx.b.reduce("ReduceSum", dx, None, keepdims=False))
+    return ctx.op.Reshape(filled, ctx.op.Shape(value))   # a scalar, or the one-element tensor exporters write
 
 
 @register("Trilu")
