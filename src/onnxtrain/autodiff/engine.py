@@ -6,6 +6,7 @@ loss, asks each op's rule for its input gradients and sums the contributions of 
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -13,7 +14,7 @@ import numpy as np
 import onnx
 
 from onnxtrain.autodiff.context import GradContext
-from onnxtrain.autodiff.registry import lookup
+from onnxtrain.autodiff.registry import NON_DIFFERENTIABLE, lookup
 from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.builder import GraphBuilder
 from onnxtrain.ir.passes import implicit_inputs, node_inputs
@@ -171,7 +172,18 @@ def vjp(nodes: list[onnx.NodeProto], seeds: Mapping[str, str], params: Sequence[
                              f"{node.name!r}, expected one per input ({len(inputs)}; None for no gradient)")
         if len(dxs) < len(inputs):
             dxs += [None] * (len(inputs) - len(dxs))
-        for x, dx in zip(inputs, dxs):
-            if dx is not None and x and x in differentiable_values and _may_be_float(infos, x):
-                contribute(x, dx)
+        for position, (x, dx) in enumerate(zip(inputs, dxs)):
+            if x and x in differentiable_values and _may_be_float(infos, x):
+                if dx is not None:
+                    contribute(x, dx)
+                elif node.op_type not in NON_DIFFERENTIABLE:
+                    _warn_dropped(node, position, x, _path_to(nodes, params, i))
     return {p: gradient_of(p) for p in params}
+
+
+def _warn_dropped(node: onnx.NodeProto, position: int, value: str, path: str) -> None:
+    """A trainable parameter reaches ``value``, input ``position`` of ``node``, whose rule gives that input no
+    gradient (a setting such as a Resize's scales or a Dropout's ratio): what flows through it is not trained."""
+    warnings.warn(f"no gradient through input {position} ({value!r}) of {node.op_type} node {node.name!r}, which "
+                  f"is computed from trainable parameters (path {path}): that dependence is not trained (its "
+                  f"gradient is taken as zero)", stacklevel=4)
