@@ -16,6 +16,7 @@ from onnxtrain.artifacts.torch_names import (
     folded_parameter,
     folded_sources,
     graph_signature,
+    recorded_kinds,
     tied_parameters,
     torch_tensors,
 )
@@ -336,17 +337,10 @@ FOLDED_CONSTANTS = ("*Constant_output_0", "*Constant_*_output_0")
 KERAS_PREPROCESSING = re.compile(r"(.*/)?(rescaling|normalization)(_\d+)*/.*")
 
 
-# torch's dynamo exporter records what each graph input of the exported program was (its value infos'
-# metadata): PARAMETER, BUFFER (register_buffer: attention masks, relative position tables, ...), CONSTANT_TENSOR
-# (a tensor attribute) or USER_INPUT.
-_EXPORT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
-
-
 def exported_buffers(graph: onnx.GraphProto) -> set[str]:
     """The values torch's dynamo exporter marked as buffers or constant tensors of the torch module (not
     parameters): trained by default, they would change what the model computes rather than learn."""
-    return {v.name for v in [*graph.input, *graph.value_info] for p in v.metadata_props
-            if p.key == _EXPORT_KIND and p.value in ("BUFFER", "CONSTANT_TENSOR")}
+    return {name for name, kind in recorded_kinds(graph).items() if kind in ("BUFFER", "CONSTANT_TENSOR")}
 
 
 def _exported_parameters(graph: onnx.GraphProto) -> set[str] | None:

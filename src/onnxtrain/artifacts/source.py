@@ -18,7 +18,7 @@ from onnxtrain.artifacts.passes.cast_like_to_cast import CastLikeToCast
 from onnxtrain.artifacts.passes.fold_index_constants import FoldIndexConstants
 from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
-from onnxtrain.artifacts.torch_names import EXPORT_KIND, restore_torch_parameters, retie_folded_transposes
+from onnxtrain.artifacts.torch_names import recorded_kinds, restore_torch_parameters, retie_folded_transposes
 from onnxtrain.conventions import TRAINING_META
 from onnxtrain.ir.passes import clone, clone_without, declare_as_inputs, default_opset, node_inputs
 from onnxtrain.ir.symbolic import canonical_name, input_symbols
@@ -257,8 +257,7 @@ def _unalias_initializers(graph: onnx.GraphProto, weights: dict[str, np.ndarray]
     """
     keep = []
     graph_outputs = {o.name for o in graph.output}
-    recorded = {v.name for v in [*graph.input, *graph.value_info]
-                if any(p.key == EXPORT_KIND for p in v.metadata_props)}
+    recorded = recorded_kinds(graph)
     for node in graph.node:
         if (node.op_type == "Identity" and node.input[0] in weights and node.output[0] not in weights
                 and node.output[0] not in graph_outputs and node.input[0] not in recorded):

@@ -138,6 +138,13 @@ def graph_signature(graph: onnx.GraphProto) -> dict[str, tuple[str, str]]:
     return {placeholder: (kind, target) for placeholder, kind, target in _SIGNATURE_LINE.findall(inputs)}
 
 
+def recorded_kinds(graph: onnx.GraphProto) -> dict[str, str]:
+    """Value -> what the dynamo exporter records it was in the torch module (its value info's ``InputSpec.kind``:
+    PARAMETER, BUFFER, CONSTANT_TENSOR, USER_INPUT); empty for other exporters."""
+    return {v.name: p.value for v in [*graph.input, *graph.value_info] for p in v.metadata_props
+            if p.key == EXPORT_KIND}
+
+
 def torch_tensors(graph: onnx.GraphProto, kind: str) -> set[str]:
     """The torch names of the module's tensors of ``kind`` (PARAMETER, BUFFER...) in the exporter's signature."""
     return {target for k, target in graph_signature(graph).values() if k == kind}

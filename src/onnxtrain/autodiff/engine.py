@@ -156,7 +156,8 @@ def vjp(nodes: list[onnx.NodeProto], seeds: Mapping[str, str], params: Sequence[
         if all(g is None for g in dy):
             continue
         inputs = node_inputs(node)
-        if not any(x and x in differentiable_values and _may_be_float(infos, x) for x in inputs):
+        reached = [bool(x) and x in differentiable_values and _may_be_float(infos, x) for x in inputs]
+        if not any(reached):
             continue  # it reads the parameters only through integers (a quantized value): no gradient flows back
         rule = lookup(node, builder.opset)
         if rule is None:
@@ -172,12 +173,11 @@ def vjp(nodes: list[onnx.NodeProto], seeds: Mapping[str, str], params: Sequence[
                              f"{node.name!r}, expected one per input ({len(inputs)}; None for no gradient)")
         if len(dxs) < len(inputs):
             dxs += [None] * (len(inputs) - len(dxs))
-        for position, (x, dx) in enumerate(zip(inputs, dxs)):
-            if x and x in differentiable_values and _may_be_float(infos, x):
-                if dx is not None:
-                    contribute(x, dx)
-                elif node.op_type not in NON_DIFFERENTIABLE:
-                    _warn_dropped(node, position, x, _path_to(nodes, params, i))
+        for position, (x, dx, needed) in enumerate(zip(inputs, dxs, reached)):
+            if needed and dx is not None:
+                contribute(x, dx)
+            elif needed and node.op_type not in NON_DIFFERENTIABLE:
+                _warn_dropped(node, position, x, _path_to(nodes, params, i))
     return {p: gradient_of(p) for p in params}
 
 

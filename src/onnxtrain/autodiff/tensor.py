@@ -72,8 +72,8 @@ def pad(ctx: GradContext):
 
 def _pad_value_grad(ctx: GradContext, dx: str) -> str | None:
     """Every output element x did not fill is the pad value: d(value) = sum(dY) - sum(dX)."""
-    value = ctx.x[2] if len(ctx.x) > 2 else ""
-    if not value or ctx.const_value(value) is not None:
+    value = _input(ctx, 2)
+    if value is None or ctx.const_value(value) is not None:
         return None
     filled = ctx.op.Sub(ctx.b.reduce("ReduceSum", ctx.dy[0], None, keepdims=False),
                         ctx.b.reduce("ReduceSum", dx, None, keepdims=False))
