@@ -18,6 +18,7 @@ from onnxtrain.artifacts.passes import DropUnreadIndices, EvalMode, PoolBeforeRe
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.blocks import ops
 from onnxtrain.blocks.base import Block
+from onnxtrain.blocks.model_accessor import building_on, check_defined
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.errors import UnknownShapeError
 from onnxtrain.ir.builder import GraphBuilder
@@ -103,8 +104,6 @@ def _add_loss(fwd_model: onnx.ModelProto, infos: dict[str, TensorInfo], loss: Bl
     ``onnxblock.base(model)``: an onnxblock loss reads and edits ``self.base`` (this model), onnxtrain blocks build
     on the values they are given. The block returns the loss, or a tuple ``(loss, *outputs)`` whose other values
     the steps return after the loss."""
-    from onnxtrain.blocks.model_accessor import building_on, check_defined
-
     graph = fwd_model.graph
     model_outputs = {o.name for o in graph.output}
     counts = len(graph.node), len(graph.initializer), len(graph.input)
