@@ -46,6 +46,8 @@ SPECS = {
     "bert_small_head": dict(input=(128,), batch=8, classes=2, vocab=30522, steps=20, head_only=True),
     # issue 14's own table (sequence 32); for profile_ops.py and --workloads, not in run.py's default list
     "bert_small_seq32": dict(input=(32,), batch=8, classes=2, vocab=30522, steps=20),
+    # BERT-base's shape (12 layers, 768 wide, 109.5M parameters): for --workloads, not in run.py's default list
+    "bert_base": dict(input=(128,), batch=8, classes=2, vocab=30522, steps=10),
     "resnet18": dict(input=(3, 224, 224), batch=8, classes=10, steps=20),
     "resnet18_head": dict(input=(3, 224, 224), batch=8, classes=10, steps=20, head_only=True),
 }

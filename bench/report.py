@@ -20,7 +20,7 @@ __all__ = ["load", "render", "main"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 IMPLS = ["onnxtrain", "peer", "torch"]
 WORKLOADS = ["mlp", "lenet", "mobilenetv2", "mobilenetv2_head", "transformer", "bert_small", "bert_small_seq32",
-             "bert_small_head", "resnet18", "resnet18_head"]
+             "bert_small_head", "bert_base", "resnet18", "resnet18_head"]
 ARTIFACTS = ["training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint"]
 _HISTORY = os.path.join(HERE, "design_history.md")  # kept by hand, appended to every report
 # (metric, baseline impl, target ratio onnxtrain/baseline or None, column title)

@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 WORKLOADS = ["mlp", "lenet", "mobilenetv2", "mobilenetv2_head", "transformer", "bert_small", "bert_small_head",
              "resnet18", "resnet18_head"]
-EXTRA_WORKLOADS = ["bert_small_seq32"]  # on request only (--workloads): issue 14's sequence length
+EXTRA_WORKLOADS = ["bert_small_seq32", "bert_base"]  # on request only (--workloads): issue 14 sequence, BERT-base
 IMPLS = ["onnxtrain", "peer", "torch"]
 PEER_VENV = os.path.join(HERE, ".peer-venv")
 ONNXTRAIN_VENV = os.path.join(HERE, ".onnxtrain-venv")

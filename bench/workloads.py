@@ -144,10 +144,10 @@ class ResNet18(nn.Module):
         return self.classifier(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
 
 
-def bert_small(classes):
+def bert_small(classes, layers=6, hidden=384, intermediate=1536):
     """transformers' BertForSequenceClassification (6 layers, hidden 384, 12 heads, intermediate 1536, vocabulary
-    30,522, dropout 0 to stay deterministic), returning the logits only; parameters ``bert.*`` and
-    ``classifier.*``."""
+    30,522, dropout 0 to stay deterministic; BERT-base with 12, 768, 3072), returning the logits only; parameters
+    ``bert.*`` and ``classifier.*``."""
     # torchvision here is a CUDA build beside the CPU torch: importing transformers imports torchvision, whose
     # meta registrations then fail ("operator torchvision::nms does not exist"). Nothing here needs them.
     import types
@@ -158,9 +158,9 @@ def bert_small(classes):
         def forward(self, ids):
             return super().forward(input_ids=ids, return_dict=False)[0]
 
-    config = transformers.BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
-                                     intermediate_size=1536, num_labels=classes, hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0)
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers,
+                                     num_attention_heads=12, intermediate_size=intermediate, num_labels=classes,
+                                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     return Classifier(config)
 
 
@@ -178,6 +178,8 @@ def build(name):
         model = TinyBert(vocab=s["vocab"], seq=s["input"][0], classes=s["classes"])
     elif name.startswith("bert_small"):
         model = bert_small(s["classes"])
+    elif name == "bert_base":
+        model = bert_small(s["classes"], layers=12, hidden=768, intermediate=3072)
     elif name.startswith("resnet18"):
         model = ResNet18(s["classes"])
     else:
