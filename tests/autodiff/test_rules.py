@@ -678,6 +678,25 @@ def test_resize_to_a_run_time_size(mode):
     assert report.ok, report
 
 
+@pytest.mark.parametrize("batch", [2, 1])
+def test_affine_grid_for_a_run_time_size(batch):
+    """A spatial transformer samples a grid for the image's own size: AffineGrid(theta, Shape(x)), the batch unknown
+    when building. The spec's body squeezes theta's (N, 1, 3) rows without axes, which lost their rank (no gradient
+    graph) and would squeeze a batch of 1 away."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Shape", ["x"], ["size"]),
+             helper.make_node("AffineGrid", ["theta", "size"], ["y"], align_corners=0)]
+    graph = helper.make_graph(nodes, "affine_grid", [helper.make_tensor_value_info("theta", 1, ["n", 2, 3]),
+                                                     helper.make_tensor_value_info("x", 1, ["n", 1, "h", "w"])],
+                              [helper.make_tensor_value_info("y", 1, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    feeds = {"theta": randn(batch, 2, 3).astype(np.float32), "x": np.zeros((batch, 1, 3, 4), np.float32)}
+    report = check_gradients(model, feeds, ["theta"], eps=1e-2, rtol=2e-2, atol=2e-3)  # AffineGrid runs in float32
+    assert report.ok, report
+
+
 @pytest.mark.parametrize("backend", ["ort", "reference"])
 @pytest.mark.parametrize("attrs", [{"kernel_shape": [2, 2], "strides": [2, 2]},
                                    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}],

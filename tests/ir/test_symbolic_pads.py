@@ -188,3 +188,33 @@ def test_the_patch_grid_trains_without_run_time_reductions(size, tmp_path):
               "w_grid": rng.standard_normal((2, 2, 3, 3))}
     report = check_gradients(_patch_grid(), inputs, ["x", "w_grid"], max_elements=20)
     assert report.ok, report
+
+
+def _resized_twice(rows: str, cols: str) -> onnx.ModelProto:
+    """x (n, 2, rows, cols), sizes spelled as torch.export spells them, resized by scales (1, 1, 4, 4), then by
+    (1, 1, 2, 2)."""
+    nodes = [helper.make_node("Resize", ["x", "", "fours"], ["up"], mode="linear"),
+             helper.make_node("Resize", ["up", "", "twos"], ["up2"], mode="nearest")]
+    scales = [numpy_helper.from_array(np.array(v, np.float32), name)
+              for v, name in (([1, 1, 4, 4], "fours"), ([1, 1, 2, 2], "twos"))]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2, rows, cols])]
+    graph = helper.make_graph(nodes, "resized_twice", inputs,
+                              [helper.make_tensor_value_info("up2", TensorProto.FLOAT, None)], scales)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_size_spelled_as_a_sum_is_scaled_whole():
+    """torch.export names sizes by expressions: segmentation-models-pytorch's FPN resizes a map of
+    ``8*(((h - 1)//32)) + 8`` rows by 4 to its logits. Read as a product, the name became ``32*(((h - 1)//32)) + 8``,
+    and the labels of a CrossEntropyLoss, declared with it, were refused at every size (40 rows at 64 px)."""
+    from onnxtrain.runtime.inputs import _evaluate, _size_expression
+
+    def size(name: str, h: int, w: int) -> int:
+        return _evaluate(_size_expression(name), {"h": h, "w": w})
+
+    rows, cols = "8*(((h - 1)//32)) + 8", "w-1"
+    infos = infer_tensor_info(_resized_twice(rows, cols))
+    for h, w in ((64, 5), (96, 9), (100, 2)):
+        for value, scale in (("up", 4), ("up2", 8)):
+            assert [size(d, h, w) for d in infos[value].shape[2:]] == [scale * size(rows, h, w),
+                                                                       scale * size(cols, h, w)]

@@ -7,6 +7,7 @@ report (``python -m tests.zoo.report``) state failures the same way.
 from __future__ import annotations
 
 import copy
+import re
 import time
 import warnings
 from pathlib import Path
@@ -30,7 +31,7 @@ FLOAT64_RTOL = 1e-6  # the same, with the training graph run in float64
 
 def one_line(exc: BaseException, limit: int = 400) -> str:
     """The first line of an error, as a user sees it."""
-    text = str(exc).strip().splitlines()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()  # torch.export colours its messages
     line = f"{type(exc).__name__}: {text[0] if text else ''}"
     return line if len(line) <= limit else line[:limit - 3] + "..."
 

@@ -824,6 +824,392 @@ def _float32_eps(build):
     return rounded
 
 
+# -- architectures probed on 2026-11-29 (second sweep): diffusers, segmentation-models-pytorch and plain torch.nn ----
+
+PAD = 0
+
+
+def _padded_tokens(batch, size, rng):
+    """Token ids with padding (id 0) from a random position on in every other sequence (2 real tokens or more)."""
+    ids = rng.integers(2, VOCAB, (batch, size))
+    for row in range(1, batch, 2):
+        ids[row, rng.integers(2, size):] = PAD
+    return (ids.astype(np.int64),)
+
+
+def _scaled_pixel_classes(factor: float):
+    """A class per pixel of a logits map ``factor`` times the input's height and width."""
+
+    def labels(inputs, rng):
+        batch, _, height, width = inputs[0].shape
+        return rng.integers(0, CLASSES, (batch, int(height * factor), int(width * factor))).astype(np.int64)
+
+    return labels
+
+
+def _importorskip(package: str):
+    """The package, or the test skipped when it is not installed (it is not among the test extras)."""
+    import pytest
+
+    return pytest.importorskip(package)
+
+
+def torch_transformer_encoder():
+    """nn.TransformerEncoder (batch_first, post-norm) over embeddings with a padding index, a key padding mask from the
+    ids and mean pooling over the real tokens. In eval mode without gradients torch runs its fast path (nested
+    tensors, padded outputs zero), which the pooling ignores."""
+    import torch
+
+    class _Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(VOCAB, 16, padding_idx=PAD)
+            self.positions = torch.nn.Parameter(0.1 * torch.randn(32, 16))
+            layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            self.encoder = torch.nn.TransformerEncoder(layer, 2)
+            self.head = torch.nn.Linear(16, CLASSES)
+
+        def forward(self, ids):
+            pad = ids == PAD
+            x = self.encoder(self.embed(ids) + self.positions[:ids.shape[1]], src_key_padding_mask=pad)
+            keep = (~pad).unsqueeze(-1).to(x.dtype)
+            return self.head((x * keep).sum(1) / keep.sum(1))
+
+    return _Encoder()
+
+
+def torch_causal_lm():
+    """A decoder-only language model from nn.TransformerEncoder (pre-norm, GELU) with the causal mask users build
+    each forward (nn.Transformer.generate_square_subsequent_mask of the length) and a key padding mask."""
+    import torch
+
+    class _CausalLM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(VOCAB, 16)
+            self.positions = torch.nn.Parameter(0.1 * torch.randn(32, 16))
+            layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation="gelu", batch_first=True,
+                                                     norm_first=True)
+            self.decoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = torch.nn.Linear(16, VOCAB)
+
+        def forward(self, ids):
+            length = ids.shape[1]
+            causal = torch.nn.Transformer.generate_square_subsequent_mask(length)
+            x = self.decoder(self.embed(ids) + self.positions[:length], mask=causal, is_causal=True,
+                             src_key_padding_mask=ids == PAD)
+            return self.head(x)[:, :-1].transpose(1, 2)
+
+    return _CausalLM()
+
+
+def torch_seq2seq():
+    """nn.Transformer (batch_first, one encoder and one decoder layer): the decoder reads the ids shifted right with
+    a causal mask and predicts them through cross-attention to the encoded ids."""
+    import torch
+
+    class _Seq2Seq(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(VOCAB, 16)
+            self.transformer = torch.nn.Transformer(16, 2, 1, 1, 32, dropout=0.0, batch_first=True)
+            self.head = torch.nn.Linear(16, VOCAB)
+
+        def forward(self, ids):
+            shifted = torch.cat([torch.ones_like(ids[:, :1]), ids[:, :-1]], 1)
+            causal = torch.nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+            x = self.transformer(self.embed(ids), self.embed(shifted), tgt_mask=causal, tgt_is_causal=True)
+            return self.head(x).transpose(1, 2)
+
+    return _Seq2Seq()
+
+
+def sdpa_causal_lm():
+    """A hand-written decoder block: fused QKV projection, F.scaled_dot_product_attention(is_causal=True), RMS-free
+    LayerNorm pre-norm, a GELU MLP; next-token logits."""
+    import torch
+    import torch.nn.functional as F
+
+    class _Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.norm2 = torch.nn.LayerNorm(16), torch.nn.LayerNorm(16)
+            self.qkv, self.out = torch.nn.Linear(16, 48), torch.nn.Linear(16, 16)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+
+        def forward(self, x):
+            batch, length, _ = x.shape
+            q, k, v = self.qkv(self.norm1(x)).view(batch, length, 3, 2, 8).permute(2, 0, 3, 1, 4)
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.out(attn.transpose(1, 2).reshape(batch, length, 16))
+            return x + self.mlp(self.norm2(x))
+
+    class _LM(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(VOCAB, 16)
+            self.positions = torch.nn.Parameter(0.1 * torch.randn(32, 16))
+            self.blocks = torch.nn.Sequential(_Block(), _Block())
+            self.head = torch.nn.Linear(16, VOCAB)
+
+        def forward(self, ids):
+            x = self.blocks(self.embed(ids) + self.positions[:ids.shape[1]])
+            return self.head(x)[:, :-1].transpose(1, 2)
+
+    return _LM()
+
+
+def _latent_map(batch, size, rng):
+    return (rng.standard_normal((batch, 8, size, size)).astype(np.float32),)
+
+
+def gan_generator():
+    """A pix2pix / DCGAN-style generator from a latent map: ConvTranspose2d (stride 2) + InstanceNorm2d + ReLU, then
+    ConvTranspose2d + Tanh; the Tanh outputs read as per-pixel class scores at 4x the latent size."""
+    import torch
+
+    nn = torch.nn
+    return nn.Sequential(nn.ConvTranspose2d(8, 16, 4, 2, 1), nn.InstanceNorm2d(16, affine=True), nn.ReLU(),
+                         nn.ConvTranspose2d(16, CLASSES, 4, 2, 1), nn.Tanh())
+
+
+def espcn():
+    """ESPCN super-resolution: Tanh convolutions, then PixelShuffle(2) (sub-pixel convolution) to twice the size."""
+    import torch
+
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(3, 16, 5, padding=2), nn.Tanh(), nn.Conv2d(16, 8, 3, padding=1), nn.Tanh(),
+                         nn.Conv2d(8, CLASSES * 4, 3, padding=1), nn.PixelShuffle(2))
+
+
+def spatial_transformer():
+    """A spatial transformer network: a localization net regresses a 2x3 affine matrix, F.affine_grid builds the
+    sampling grid for the input's size and F.grid_sample (bilinear) resamples the image before a small classifier."""
+    import torch
+    import torch.nn.functional as F
+
+    nn = torch.nn
+
+    class _STN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.localization = nn.Sequential(nn.Conv2d(3, 8, 5, stride=2), nn.MaxPool2d(2), nn.ReLU(),
+                                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 6))
+            with torch.no_grad():
+                self.localization[-1].weight.mul_(0.1)
+                self.localization[-1].bias.copy_(torch.tensor([1.0, 0, 0, 0, 1, 0]))
+            self.classifier = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                                            nn.Flatten(), nn.Linear(8, CLASSES))
+
+        def forward(self, x):
+            theta = self.localization(x).view(-1, 2, 3)
+            grid = F.affine_grid(theta, list(x.size()), align_corners=False)
+            return self.classifier(F.grid_sample(x, grid, align_corners=False))
+
+    return _STN()
+
+
+def unet_bilinear():
+    """A two-level U-Net (Conv + BatchNorm + ReLU blocks, max pooling) whose decoder upsamples with
+    F.interpolate(bilinear, align_corners=True) to the skip connection's size and concatenates; per-pixel logits."""
+    import torch
+    import torch.nn.functional as F
+
+    nn = torch.nn
+
+    def block(cin, cout):
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU())
+
+    class _UNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down1, self.down2, self.bottom = block(3, 8), block(8, 16), block(16, 16)
+            self.up2, self.up1 = block(32, 8), block(16, 8)
+            self.head = nn.Conv2d(8, CLASSES, 1)
+
+        def forward(self, x):
+            d1 = self.down1(x)
+            d2 = self.down2(F.max_pool2d(d1, 2))
+            b = self.bottom(F.max_pool2d(d2, 2))
+            up = F.interpolate(b, size=d2.shape[2:], mode="bilinear", align_corners=True)
+            u2 = self.up2(torch.cat([up, d2], 1))
+            up = F.interpolate(u2, size=d1.shape[2:], mode="bilinear", align_corners=True)
+            return self.head(self.up1(torch.cat([up, d1], 1)))
+
+    return _UNet()
+
+
+def tcn():
+    """A temporal convolutional network: dilated causal Conv1d (left padding by F.pad, dilations 1, 2, 4) with weight
+    normalization (torch.nn.utils.parametrizations.weight_norm), residual blocks, mean over time."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.utils.parametrizations import weight_norm
+
+    nn = torch.nn
+
+    class _Causal(nn.Module):
+        def __init__(self, channels, dilation):
+            super().__init__()
+            self.pad = 2 * dilation
+            self.conv = weight_norm(nn.Conv1d(channels, channels, 3, dilation=dilation))
+
+        def forward(self, x):
+            return x + F.relu(self.conv(F.pad(x, (self.pad, 0))))
+
+    class _TCN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.Sequential(nn.Conv1d(8, 16, 1), *[_Causal(16, d) for d in (1, 2, 4)])
+            self.head = nn.Linear(16, CLASSES)
+
+        def forward(self, x):
+            return self.head(self.blocks(x).mean(2))
+
+    return _TCN()
+
+
+def embedding_bag():
+    """nn.EmbeddingBag(mode="mean") over fixed-length bags (a 2-D id tensor), a ReLU MLP head (fastText-style)."""
+    import torch
+
+    nn = torch.nn
+    return nn.Sequential(nn.EmbeddingBag(VOCAB, 16, mode="mean"), nn.Linear(16, 16), nn.ReLU(),
+                         nn.Linear(16, CLASSES))
+
+
+def tensor_ops():
+    """Ops users write by hand: LocalResponseNorm, a cumulative sum over the width (an integral image), a 1x1
+    projection by torch.einsum, global average pooling."""
+    import torch
+
+    nn = torch.nn
+
+    class _Ops(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+            self.lrn = nn.LocalResponseNorm(3)
+            self.mix = nn.Parameter(torch.randn(16, 8) / 4)
+            self.head = nn.Linear(16, CLASSES)
+
+        def forward(self, x):
+            x = self.lrn(torch.relu(self.conv(x)))
+            x = torch.cumsum(x, 3) / x.shape[3]
+            x = torch.einsum("bchw,oc->bohw", x, self.mix)
+            return self.head(x.mean((2, 3)))
+
+    return _Ops()
+
+
+def adaptive_pool_uneven():
+    """AdaptiveAvgPool2d to 3 x 3 from maps whose size 3 does not divide (10 and 14 px): overlapping windows of
+    varying size, then a linear head. (An AdaptiveMaxPool2d beside it made the dynamo export fail: torch's ONNX
+    registry has no function for aten.adaptive_max_pool2d.)"""
+    import torch
+
+    nn = torch.nn
+    return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.AdaptiveAvgPool2d(3), nn.Flatten(),
+                         nn.Linear(72, CLASSES))
+
+
+def _features_and_noise(batch, size, rng):
+    """A VAE's input: 16 features, then the ``size - 16`` standard normal values of its reparameterization noise."""
+    return (rng.standard_normal((batch, size)).astype(np.float32),)
+
+
+def vae_head():
+    """A VAE-style classifier: an encoder to a mean and a log-variance, z = mu + exp(logvar / 2) * eps with the noise
+    eps an explicit part of the input (so that the export and torch draw the same), a decoder to class scores."""
+    import torch
+
+    nn = torch.nn
+
+    class _VAE(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(16, 32), nn.ReLU())
+            self.mu, self.logvar = nn.Linear(32, 8), nn.Linear(32, 8)
+            self.decoder = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, CLASSES))
+
+        def forward(self, x):
+            h = self.encoder(x[:, :16])
+            z = self.mu(h) + torch.exp(0.5 * self.logvar(h)) * x[:, 16:]
+            return self.decoder(z)
+
+    return _VAE()
+
+
+def _noisy_image_and_timestep(batch, size, rng):
+    """A diffusion UNet's inputs in one tensor: 3 image channels, then a channel filled with the sample's timestep."""
+    image = rng.standard_normal((batch, 3, size, size))
+    steps = np.broadcast_to(rng.integers(0, 1000, (batch, 1, 1, 1)), (batch, 1, size, size))
+    return (np.concatenate([image, steps], 1).astype(np.float32),)
+
+
+def diffusers_unet2d():
+    """diffusers' UNet2DModel: sinusoidal timestep embedding and its MLP, ResNet blocks with GroupNorm and SiLU, an
+    attention down and up block, strided-convolution downsampling, nearest upsampling; the timestep per sample read
+    from the input's fourth channel, the predicted noise read as per-pixel class scores."""
+    diffusers = _importorskip("diffusers")
+    import torch
+
+    unet = diffusers.UNet2DModel(sample_size=16, in_channels=3, out_channels=CLASSES, layers_per_block=1,
+                                 block_out_channels=(8, 16), down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                                 up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=4,
+                                 attention_head_dim=8, dropout=0.0)
+
+    class _Denoiser(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.unet = unet
+
+        def forward(self, x):
+            return self.unet(x[:, :3], x[:, 3, 0, 0]).sample
+
+    return _Denoiser()
+
+
+def diffusers_vae_encoder():
+    """diffusers' AutoencoderKL encoder (GroupNorm + SiLU ResNet blocks, a mid-block self-attention, asymmetric padding
+    before the strided downsampling convolution) and its quant_conv: the latent mean, through a 1x1 convolution, as
+    per-pixel class scores at half the size."""
+    diffusers = _importorskip("diffusers")
+    import torch
+
+    vae = diffusers.AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(8, 16), layers_per_block=1,
+                                  down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+                                  up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), latent_channels=4,
+                                  norm_num_groups=4, sample_size=16)
+
+    class _Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder, self.quant_conv = vae.encoder, vae.quant_conv
+            self.head = torch.nn.Conv2d(4, CLASSES, 1)
+
+        def forward(self, x):
+            mean, _ = self.quant_conv(self.encoder(x)).chunk(2, 1)
+            return self.head(mean)
+
+    return _Encoder()
+
+
+def _smp(arch: str, encoder: str, **kwargs):
+    """A segmentation-models-pytorch model with random weights (encoder_weights=None)."""
+
+    def build():
+        smp = _importorskip("segmentation_models_pytorch")
+        model = getattr(smp, arch)(encoder_name=encoder, encoder_weights=None, classes=CLASSES, **kwargs)
+        # a shallower encoder_depth keeps the deeper ResNet stages, unused: dropped, as torch never runs them
+        for stage in range(kwargs.get("encoder_depth", 5), 5):
+            if hasattr(model.encoder, f"layer{stage}"):
+                delattr(model.encoder, f"layer{stage}")
+        return model
+
+    return build
+
+
 ZOO: dict[str, Spec] = {s.name: s for s in [
     _vision("resnet18", "torchvision", _torchvision("resnet18"), quick=("torchscript-train",)),
     _vision("mobilenet_v3_small", "torchvision", _torchvision("mobilenet_v3_small", dropout=0.0)),
@@ -1230,4 +1616,48 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     # sliding-window attention over chunks (windows of 4), global attention on the first token
     _text("longformer", _hf("LongformerForSequenceClassification", "LongformerConfig", vocab_size=VOCAB,
                             max_position_embeddings=40, pad_token_id=1, attention_window=[4, 4], **_TRANSFORMER)),
+    # probed on 2026-11-29 (second sweep) as families nobody here had tried (slow only; diffusers and
+    # segmentation-models-pytorch are no test extras: their tests skip without them):
+    # nn.TransformerEncoder with a key padding mask (torch's eval fast path: nested tensors)
+    Spec("torch_transformer_encoder", "torch", torch_transformer_encoder, _padded_tokens, _classes, (8, 12),
+         SEQUENCE_AXES, batches=(2, 3)),
+    # a causal mask built from the length each forward, and a key padding mask
+    Spec("torch_causal_lm", "torch", torch_causal_lm, _padded_tokens, _next_tokens, (8, 12), SEQUENCE_AXES,
+         batches=(2, 3), output_axes={2: "positions"}),
+    # nn.Transformer: encoder, causal decoder, cross-attention
+    Spec("torch_seq2seq", "torch", torch_seq2seq, _tokens, _same_tokens, (8, 12), SEQUENCE_AXES, batches=(2, 3),
+         output_axes={2: "sequence"}),
+    # F.scaled_dot_product_attention(is_causal=True)
+    Spec("sdpa_causal_lm", "torch", sdpa_causal_lm, _tokens, _next_tokens, (8, 12), SEQUENCE_AXES, batches=(2, 3),
+         output_axes={2: "positions"}),
+    # ConvTranspose2d, InstanceNorm2d, Tanh
+    Spec("gan_generator", "torch", gan_generator, _latent_map, _scaled_pixel_classes(4), (4, 6), IMAGE_AXES,
+         output_axes={2: "4*height", 3: "4*width"}),
+    # PixelShuffle (DepthToSpace)
+    Spec("espcn", "torch", espcn, _image, _double_size_pixel_classes, (16, 24), IMAGE_AXES,
+         output_axes={2: "2*height", 3: "2*width"}),
+    # F.affine_grid + F.grid_sample
+    _vision("spatial_transformer", "torch", spatial_transformer, sizes=(32, 48)),
+    # F.interpolate(bilinear, align_corners=True) to the skip connection's size
+    Spec("unet_bilinear", "torch", unet_bilinear, _image, _full_size_pixel_classes, (32, 48), IMAGE_AXES,
+         output_axes=IMAGE_AXES),
+    # dilated causal Conv1d, weight_norm parametrization
+    Spec("tcn", "torch", tcn, _mel, _classes, (16, 24), {2: "time"}),
+    Spec("embedding_bag", "torch", embedding_bag, _tokens, _classes, (8, 12), SEQUENCE_AXES),
+    # LocalResponseNorm, cumsum, einsum
+    _vision("tensor_ops", "torch", tensor_ops, sizes=(20, 28)),
+    # adaptive pooling to a size that does not divide the input's
+    _vision("adaptive_pool_uneven", "torch", adaptive_pool_uneven, sizes=(20, 28)),
+    # reparameterization with the noise as an input
+    Spec("vae_head", "torch", vae_head, _features_and_noise, _classes, (24, None), {}),
+    Spec("diffusers_unet2d", "diffusers", diffusers_unet2d, _noisy_image_and_timestep, _full_size_pixel_classes,
+         (16, 24), IMAGE_AXES, batches=(2, 3), output_axes=IMAGE_AXES),
+    Spec("diffusers_vae_encoder", "diffusers", diffusers_vae_encoder, _image, _scaled_pixel_classes(0.5), (16, 24),
+         IMAGE_AXES, batches=(2, 3), output_axes={2: "height/2", 3: "width/2"}),
+    Spec("smp_unet", "segmentation_models_pytorch", _smp("Unet", "resnet18", encoder_depth=3,
+                                                         decoder_channels=(16, 8, 8)),
+         _image, _full_size_pixel_classes, (32, 48), IMAGE_AXES, batches=(2, 3), output_axes=IMAGE_AXES),
+    Spec("smp_fpn", "segmentation_models_pytorch", _smp("FPN", "mobilenet_v2", decoder_pyramid_channels=32,
+                                                        decoder_segmentation_channels=32, decoder_dropout=0.0),
+         _image, _full_size_pixel_classes, (64, 96), IMAGE_AXES, batches=(2, 3), output_axes=IMAGE_AXES),
 ]}

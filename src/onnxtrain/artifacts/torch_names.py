@@ -50,6 +50,9 @@ SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"  # the graph's re
 
 _KINDS = {"p_": "PARAMETER", "b_": "BUFFER"}
 _CONVOLUTIONS = ("aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.convolution")
+# (input, weight, bias, running_mean, running_var, ...): BatchNormalization's inputs in the same order
+_BATCH_NORMS = ("aten._native_batch_norm_legit_no_training", "aten._native_batch_norm_legit_functional",
+                "aten._native_batch_norm_legit", "aten.native_batch_norm", "aten.batch_norm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +77,8 @@ def _role(node: onnx.NodeProto, index: int, call: FxCall) -> _Role | None:
         return _Role(index + 1)
     if target in _CONVOLUTIONS and op == "Conv" and index in (1, 2):
         return _Role(index)
+    if target in _BATCH_NORMS and op == "BatchNormalization" and index in (1, 2, 3, 4):
+        return _Role(index)  # a fresh BatchNorm's unit weight and zero bias are stored once with its statistics
     return None
 
 

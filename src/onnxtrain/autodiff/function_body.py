@@ -17,7 +17,7 @@ from onnx import defs, helper
 
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.registry import Rule, register_fallback
-from onnxtrain.autodiff.subgraph import differentiate, inline_constant_ifs
+from onnxtrain.autodiff.subgraph import differentiate, infer_infos, inline_constant_ifs
 from onnxtrain.ir.passes import clone
 from onnxtrain.ir.types import TensorInfo
 
@@ -154,6 +154,26 @@ def _scalar_range_bounds(body: list[onnx.NodeProto], prefix: str) -> list[onnx.N
     return out
 
 
+def _squeeze_axes(body: list[onnx.NodeProto], ctx: GradContext) -> list[onnx.NodeProto]:
+    """Give every Squeeze without axes the axes of its input's static 1s. AffineGrid's body squeezes theta's
+    (N, 1, 3) rows that way: with N unknown, inference lost their rank (no gradient graph), and a batch of 1 would be
+    squeezed too, where onnxruntime's AffineGrid kernel keeps it."""
+    if ctx.b.opset < 13 or not any(n.op_type == "Squeeze" and len(n.input) < 2 and not n.attribute for n in body):
+        return body  # before opset 13 the axes are an attribute
+    infos = {**ctx.infos, **infer_infos(body, ctx.infos, ctx.b.opset, ctx.constants)}
+    out = []
+    for n in body:
+        info = infos.get(n.input[0]) if n.op_type == "Squeeze" and len(n.input) < 2 and not n.attribute else None
+        ones = [k for k, d in enumerate(info.shape) if d == 1] if info is not None and info.shape is not None else []
+        if ones:
+            axes = f"{n.output[0]}_axes"
+            out.append(helper.make_node("Constant", [], [axes], name=axes,
+                                        value=onnx.numpy_helper.from_array(np.array(ones, dtype=np.int64))))
+            n = helper.make_node("Squeeze", [n.input[0], axes], list(n.output), name=n.name)
+        out.append(n)
+    return out
+
+
 def differentiate_function_body(ctx: GradContext) -> list[str | None]:
     """The rule of an op without one: recompute the op from its function body and differentiate the body."""
     prefix = ctx.b.unique(f"{ctx.node.name or ctx.node.op_type}_body") + "/"
@@ -163,6 +183,7 @@ def differentiate_function_body(ctx: GradContext) -> list[str | None]:
     body, outputs = expanded
     if any(n.op_type == "If" for n in body):   # a path picked by shape: keep only the taken branch
         body = _scalar_range_bounds(inline_constant_ifs(body, ctx.infos, ctx.b.opset, ctx.constants), prefix)
+    body = _squeeze_axes(body, ctx)
     ctx.b.nodes.extend(body)
     wrt = [x for x in ctx.x if x and ctx.is_float(x)]
     grads = differentiate(ctx, body, dict(zip(outputs, ctx.dy)), wrt)

@@ -14,7 +14,8 @@ several inputs (a transformer's `input_ids`, `attention_mask`...) takes one arra
 the labels as `y`: `np.savez("train.npz", input_ids=ids, attention_mask=mask, y=labels)`.
 
 Options come from, in increasing priority: the defaults, the options stored in the artifacts by
-`onnxtrain generate --epochs ...`, and the command line.
+`onnxtrain generate --epochs ...`, with --resume the options the resumed run was trained with, and the command
+line.
 """
 
 from __future__ import annotations
@@ -272,6 +273,15 @@ def _progress_of(path: str) -> dict | None:
         return None
 
 
+def resumed_options(path: str) -> dict:
+    """The training options of the run whose checkpoint ``path`` is, so that `train --resume` goes on with the
+    run's epochs, learning rate and schedule rather than the defaults; the command line still overrides them."""
+    done = _progress_of(path) or {}
+    if isinstance(done.get("options"), dict):
+        return {k: v for k, v in done["options"].items() if k in _OPTION_HELP}
+    return {k: done[k] for k in ("batch_size", "seed") if k in done}  # a record without the options
+
+
 def _rewind(run_dir: str, done: dict, files: dict[str, str], log_path: str,
             log: Callable[[str], None]) -> None:
     """Resuming from a checkpoint older than last.ckpt: the files written after it (last.ckpt, later step
@@ -393,7 +403,7 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
                        f"{changed}, so the rest of the epoch would not be the examples it has not seen yet: resume "
                        "it with the same --seed and data, or start over with --restart")
     done.update(batch_size=opts.batch_size, examples=len(x), seed=opts.seed, labels_crc=labels_crc,
-                artifacts_crc=artifacts_crc)
+                artifacts_crc=artifacts_crc, options=asdict(opts))
     steps_per_epoch = num_batches(len(x), opts.batch_size)
     scheduler = _make_scheduler(optimizer, opts, steps_per_epoch)
     if scheduler is not None and done["global_step"]:
@@ -700,11 +710,12 @@ def run(args: argparse.Namespace) -> int:
     if args.keep_last != 3 and not args.save_every_steps:
         raise CliError("--keep-last applies to the step checkpoints of --save-every-steps N; give that too")
     artifacts = Artifacts.locate(args.dir, args.prefix)
-    check_run_dir(artifacts, args.resume, args.restart)
+    start = check_run_dir(artifacts, args.resume, args.restart)
     if args.log is not None:
         _check_log_path(args.log)
     training_model = read_model(artifacts.training, "training model")
-    opts = resolve_options(given_options(args), stored_train_config(training_model))
+    recorded = resumed_options(start) if args.resume else {}
+    opts = resolve_options(given_options(args), {**stored_train_config(training_model), **recorded})
     if args.val and opts.val_split:
         raise CliError("give either --val or --val-split, not both")
     spec = data_spec(training_model)

@@ -141,7 +141,7 @@ def _monomial(dim: Dim, given: set[str]) -> _Monomial | None:
     if dim in given or "*" not in dim:
         return 1, collections.Counter([dim])
     coefficient, symbols = 1, collections.Counter()
-    for part in dim.split("*"):  # a product this module named
+    for part in _factors(dim):  # a product this module named, or an exporter's expression
         if part.isdigit():
             coefficient *= int(part)
         elif part and not fresh_symbol(part, given):
@@ -149,6 +149,36 @@ def _monomial(dim: Dim, given: set[str]) -> _Monomial | None:
         else:
             return None
     return coefficient, symbols
+
+
+def _top_level(text: str) -> list[tuple[int, str]]:
+    """The (position, character) pairs of ``text`` outside parentheses and brackets."""
+    depth, outside = 0, []
+    for k, c in enumerate(text):
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        elif depth == 0:
+            outside.append((k, c))
+    return outside
+
+
+def _factors(dim: str) -> list[str]:
+    """``dim``'s factors: split at the ``*`` outside parentheses, a sum or a quotient (torch.export's
+    ``8*(((s53 - 1)//32)) + 8``) as one factor, the parentheses around a factor that needs them dropped."""
+    outside = _top_level(dim)
+    if any(c in "+-/%" for _, c in outside) or "**" in dim:
+        return [dim]
+    cuts = [k for k, c in outside if c == "*"]
+    parts = [dim[a + 1:b].strip() for a, b in zip([-1, *cuts], [*cuts, len(dim)])]
+    return [p[1:-1] if p.startswith("(") and not _top_level(p) and _needs_parentheses(p[1:-1]) else p
+            for p in parts]
+
+
+def _needs_parentheses(factor: str) -> bool:
+    """Whether ``factor`` must be parenthesized in a product (a sum or a quotient)."""
+    return any(c in "+-/%" for _, c in _top_level(factor))
 
 
 def _quotient(numerator, denominator, given: set[str]) -> Dim:
@@ -171,6 +201,7 @@ def _quotient(numerator, denominator, given: set[str]) -> Dim:
         return coefficient
     if coefficient == 1 and len(names) == 1:
         return names[0]
+    names = [f"({n})" if _needs_parentheses(n) else n for n in names]
     return "*".join([str(coefficient)] * (coefficient != 1) + names)
 
 

@@ -62,7 +62,7 @@ class Optimizer:
             raise TypeError(f"the learning rate must be a number, got {type(learning_rate).__name__} "
                             f"{learning_rate!r}")
         dtype = self._update.learning_rate.dtype
-        if not math.isfinite(value) or abs(value) > np.finfo(dtype).max:
+        if not math.isfinite(value) or abs(value) > float(np.finfo(dtype).max):  # no cast: no overflow warning
             raise ValueError(f"the learning rate must be finite in {dtype} (at most {np.finfo(dtype).max:.4g}), got "
                              f"{learning_rate}: the parameters would all become NaN or infinite at the next step")
         if value < 0:
