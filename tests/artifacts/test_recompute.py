@@ -227,3 +227,41 @@ def test_the_forward_infos_given_spare_the_shape_inference_and_change_nothing(tm
     monkeypatch.setattr("onnxtrain.artifacts.passes.recompute.infer_tensor_info", refuse)
     result = RecomputeInBackward(infos=infos)(model)
     assert result.model.SerializeToString() == expected.model.SerializeToString()
+
+
+def test_the_gelu_output_the_next_weight_gradient_reads_is_recomputed_from_the_gelu_input(tmp_path):
+    """With W2 trained, dW2 = a^T dy reads the GELU's output a = (h * (1 + erf(h / sqrt 2))) * 0.5: a join of h
+    (kept anyway: GeluBackward's derivative reads it) and a chain from h, recomputed through one view of h that both
+    copies read."""
+    with as_built(keep=("GeluBackward",)):
+        paths = generate_artifacts(_mlp("gelu"), requires_grad=["W1", "W2"], loss=LossType.MSELoss,
+                                   artifact_directory=tmp_path)
+    model = onnx.load(paths["training"])
+    assert {"a", "h"} <= _backward_reads(model)
+    result = RecomputeInBackward()(model)
+    assert result.modified
+    assert _backward_reads(result.model) & {"u", "e", "t", "m", "a"} == set() and "h" in _backward_reads(model)
+    copies = [n for n in result.model.graph.node if n.name.endswith(SUFFIX)]
+    assert sorted(n.op_type for n in copies) == ["Add", "Div", "Erf", "Mul", "Mul"]
+    views = {n.output[0] for n in result.model.graph.node if n.name.endswith("/view")}
+    (div,) = [n for n in copies if n.op_type == "Div"]
+    (first_mul,) = [n for n in copies if n.op_type == "Mul" and div.input[0] in n.input]
+    assert div.input[0] in views   # the same view of h: onnxruntime can fuse the copy as it fuses the forward
+    feeds = _feeds(model)
+    for got, want in zip(_run(result.model, feeds), _run(model, feeds)):  # loss and both gradients
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(result.model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    optimized = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    assert optimized.count("Gelu") == 2, optimized   # the forward's and the copy's
+
+
+def test_a_join_does_not_recompute_a_matrix_product(tmp_path):
+    """MSE's Sub(y, target) after an attention output y = p v (p and v kept): recomputing it would recompute the
+    product, so the pass keeps it (the probabilities are not recomputed either when q is as large as p)."""
+    with as_built():
+        paths = generate_artifacts(_attention(5), requires_grad=["Wq"], frozen_params=["Wk", "Wv"],
+                                   loss=LossType.MSELoss, artifact_directory=tmp_path)
+    result = RecomputeInBackward()(onnx.load(paths["training"]))
+    assert not result.modified
