@@ -115,7 +115,8 @@ def render(recs, run_id, source):
     out.append(f"- Date: {machine.get('date', '?')} (UTC){minutes}. Passes: {done.get('passes', '?')}, "
                f"threads: {machine.get('threads', '?')}, each workload x implementation in its own process, "
                "interleaved.")
-    out.append(f"- Machine: {machine.get('cpu_model', '?')}, {machine.get('cores', '?')} cores, "
+    cpu_id = f" ({machine['cpu_id']})" if machine.get("cpu_id") else ""
+    out.append(f"- Machine: {machine.get('cpu_model', '?')}{cpu_id}, {machine.get('cores', '?')} cores, "
                f"{fmt(machine.get('mem_gib'), '.0f')} GiB RAM, {machine.get('platform', '?')}. "
                f"Load average during the runs: {fmt(min(loads, default=None), '.1f')}–"
                f"{fmt(max(loads, default=None), '.1f')}. The machine is shared and noisy: only ratios within "

@@ -38,6 +38,7 @@ WORKLOADS = ["mlp", "lenet", "mobilenetv2", "mobilenetv2_head", "transformer", "
              "resnet18", "resnet18_head"]
 EXTRA_WORKLOADS = ["bert_small_seq32", "bert_base"]  # on request only (--workloads): issue 14 sequence, BERT-base
 IMPLS = ["onnxtrain", "peer", "torch"]
+CPU_FLAGS_OF_NOTE = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_tile"})
 PEER_VENV = os.path.join(HERE, ".peer-venv")
 ONNXTRAIN_VENV = os.path.join(HERE, ".onnxtrain-venv")
 # torch pinned: 2.13.0 is a local CPU wheel here; an unpinned torch pulls the multi-GB CUDA build.
@@ -118,12 +119,20 @@ def ensure_env(name, given, candidates, venv, packages, problems_of):
 
 
 def machine_record(args, run_id):
-    cpu = "?"
+    cpu, info = "?", {}
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+            for line in f:
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+        cpu = info.get("model name", "?")
     except OSError:
         pass
+    # "Intel(R) Xeon(R) Processor" names several generations whose kernels differ (torch's matrix products against
+    # MLAS's): the family, model and vector extensions say which one ran
+    flags = sorted(set(info.get("flags", "").split()) & CPU_FLAGS_OF_NOTE)
+    cpu_id = f"family {info.get('cpu family', '?')} model {info.get('model', '?')}"
+    cpu_id += f", {' '.join(flags)}" if flags else ""
     mem_gib = None
     try:
         with open("/proc/meminfo") as f:
@@ -132,7 +141,8 @@ def machine_record(args, run_id):
         pass
     now = datetime.datetime.now(datetime.timezone.utc)
     return dict(impl="machine", run_id=run_id, date=now.isoformat("T", "minutes"),
-                cpu_model=cpu, cores=os.cpu_count(), usable_cores=len(os.sched_getaffinity(0)), mem_gib=mem_gib,
+                cpu_model=cpu, cpu_id=cpu_id, cores=os.cpu_count(), usable_cores=len(os.sched_getaffinity(0)),
+                mem_gib=mem_gib,
                 platform=platform.platform(), threads=args.threads, repeat=args.repeat, argv=sys.argv[1:],
                 git=git_state())
 
