@@ -902,3 +902,22 @@ def test_tensor_digest_is_of_the_bytes_in_order_whatever_the_batching(sizes, mon
     arrays = [rng.integers(0, 255, size, dtype=np.uint8) for size in sizes]
     expected = hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()
     assert checkpoint_metadata.tensors_sha256(arrays) == expected
+
+
+def test_load_properties_reads_the_header_only(tmp_path):
+    """A run's progress record without reading the weights: the properties come from the header even when the
+    tensor data is damaged (load_checkpoint refuses that file), and a damaged header is a CheckpointError."""
+    from onnxtrain.checkpoint.format import load_properties
+
+    path = tmp_path / "a.ckpt"
+    data = CheckpointData(trainable={"w": np.arange(64, dtype=np.float32)}, step=3, properties={"run": "x", "k": 2})
+    save_checkpoint(data, path)
+    raw = bytearray(path.read_bytes())
+    raw[-4:] = b"\xff\xff\xff\xff"   # the last tensor bytes
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="checksum"):
+        load_checkpoint(path)
+    assert load_properties(path) == {"run": "x", "k": 2}
+    path.write_bytes(bytes(raw[:20]))
+    with pytest.raises(CheckpointError):
+        load_properties(path)

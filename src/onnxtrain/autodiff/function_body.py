@@ -154,16 +154,20 @@ def _scalar_range_bounds(body: list[onnx.NodeProto], prefix: str) -> list[onnx.N
     return out
 
 
+def _axisless_squeeze(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Squeeze" and len(node.input) < 2 and not node.attribute
+
+
 def _squeeze_axes(body: list[onnx.NodeProto], ctx: GradContext) -> list[onnx.NodeProto]:
     """Give every Squeeze without axes the axes of its input's static 1s. AffineGrid's body squeezes theta's
     (N, 1, 3) rows that way: with N unknown, inference lost their rank (no gradient graph), and a batch of 1 would be
     squeezed too, where onnxruntime's AffineGrid kernel keeps it."""
-    if ctx.b.opset < 13 or not any(n.op_type == "Squeeze" and len(n.input) < 2 and not n.attribute for n in body):
+    if ctx.b.opset < 13 or not any(map(_axisless_squeeze, body)):
         return body  # before opset 13 the axes are an attribute
     infos = {**ctx.infos, **infer_infos(body, ctx.infos, ctx.b.opset, ctx.constants)}
     out = []
     for n in body:
-        info = infos.get(n.input[0]) if n.op_type == "Squeeze" and len(n.input) < 2 and not n.attribute else None
+        info = infos.get(n.input[0]) if _axisless_squeeze(n) else None
         ones = [k for k, d in enumerate(info.shape) if d == 1] if info is not None and info.shape is not None else []
         if ones:
             axes = f"{n.output[0]}_axes"

@@ -109,6 +109,24 @@ def load_checkpoint(path: str | os.PathLike[str]) -> CheckpointData:
             corrupt or altered (checksum mismatch), is not an onnxtrain checkpoint, or has an unsupported
             format version. The message names the file and the defect.
     """
+    meta, arrays, where = _read(path, tensors=True)
+    ordered = {} if meta.nominal else {key: arrays[key] for key in meta.specs}
+    if tensors_sha256(ordered.values()) != meta.tensors_sha256:
+        raise CheckpointError(f"{where} is corrupt or was altered: checksum mismatch in the tensor data")
+    if meta.nominal:
+        return CheckpointData(trainable={}, step=meta.step, properties=meta.properties, nominal=True, specs=meta.specs)
+    return CheckpointData.from_tensors(ordered, step=meta.step, properties=meta.properties)
+
+
+def load_properties(path: str | os.PathLike[str]) -> dict[str, int | float | str]:
+    """The properties of the checkpoint at ``path``, from its header alone: no tensor is read or checksummed (a
+    run's progress record without reading a model's weights). Raises CheckpointError as load_checkpoint does for
+    a defect of the file's header."""
+    return _read(path, tensors=False)[0].properties
+
+
+def _read(path: str | os.PathLike[str], tensors: bool) -> tuple[Metadata, dict[str, np.ndarray] | None, str]:
+    """(the checkpoint's metadata, its arrays when ``tensors``, the file as errors name it)."""
     path = os.fsdecode(path)  # a bytes path too, as open() takes it
     where = f"checkpoint {path!r}"
     clear_stale_temps(path)
@@ -124,19 +142,14 @@ def load_checkpoint(path: str | os.PathLike[str]) -> CheckpointData:
             header = read_header(file, os.fstat(file.fileno()).st_size, where)
             meta = decode_metadata(header.metadata, where)
             _check_header_matches(header, meta, where)
-            arrays = read_tensors(file, header, where)
+            arrays = read_tensors(file, header, where) if tensors else None
     except FileNotFoundError:
         raise CheckpointError(f"{where} does not exist") from None
     except IsADirectoryError:
         raise CheckpointError(f"{where} is a directory, not a checkpoint file") from None
     except OSError as exc:
         raise CheckpointError(f"{where} could not be read: {exc.strerror or exc}") from None
-    ordered = {} if meta.nominal else {key: arrays[key] for key in meta.specs}
-    if tensors_sha256(ordered.values()) != meta.tensors_sha256:
-        raise CheckpointError(f"{where} is corrupt or was altered: checksum mismatch in the tensor data")
-    if meta.nominal:
-        return CheckpointData(trainable={}, step=meta.step, properties=meta.properties, nominal=True, specs=meta.specs)
-    return CheckpointData.from_tensors(ordered, step=meta.step, properties=meta.properties)
+    return meta, arrays, where
 
 
 def _nominal_specs(data: CheckpointData) -> dict[str, TensorSpec]:

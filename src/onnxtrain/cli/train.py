@@ -264,11 +264,12 @@ def check_run_dir(artifacts: Artifacts, resume: bool | str, restart: bool) -> st
 
 
 def _progress_of(path: str) -> dict | None:
-    """The progress record of a checkpoint written by a run, or None (unreadable, or not a run's)."""
-    from onnxtrain.api import CheckpointState
+    """The progress record of a checkpoint written by a run (read from its header, not its weights), or None
+    (unreadable, or not a run's)."""
+    from onnxtrain.checkpoint.format import load_properties
 
     try:
-        return json.loads(CheckpointState.load_checkpoint(path).properties[PROGRESS_KEY])
+        return json.loads(load_properties(path)[PROGRESS_KEY])
     except Exception:  # a damaged later file is set aside all the same
         return None
 

@@ -167,10 +167,9 @@ def _top_level(text: str) -> list[tuple[int, str]]:
 def _factors(dim: str) -> list[str]:
     """``dim``'s factors: split at the ``*`` outside parentheses, a sum or a quotient (torch.export's
     ``8*(((s53 - 1)//32)) + 8``) as one factor, the parentheses around a factor that needs them dropped."""
-    outside = _top_level(dim)
-    if any(c in "+-/%" for _, c in outside) or "**" in dim:
+    if _needs_parentheses(dim) or "**" in dim:
         return [dim]
-    cuts = [k for k, c in outside if c == "*"]
+    cuts = [k for k, c in _top_level(dim) if c == "*"]
     parts = [dim[a + 1:b].strip() for a, b in zip([-1, *cuts], [*cuts, len(dim)])]
     return [p[1:-1] if p.startswith("(") and not _top_level(p) and _needs_parentheses(p[1:-1]) else p
             for p in parts]
