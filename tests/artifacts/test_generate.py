@@ -533,7 +533,7 @@ def test_models_from_opset_13_keep_their_opset(tmp_path):
 
 
 def _embedding(opset: int) -> onnx.ModelProto:
-    """Gather rows of a table: the gradient adds rows up (ScatterND reduction='add', opset 16)."""
+    """Gather rows of a table: the gradient adds rows up (ScatterElements reduction="add", opset 16)."""
     table = np.arange(12, dtype=np.float32).reshape(6, 2)
     graph = onnx.helper.make_graph(
         [onnx.helper.make_node("Gather", ["table", "ids"], ["output"])], "embedding",

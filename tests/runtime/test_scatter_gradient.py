@@ -88,7 +88,7 @@ def test_the_embedding_gradient_reads_no_zeros(tmp_path, reset):
     model = ScatterIntoGradient(meta.trainable, reset)(specialised).model
     producer = {o: n for n in model.graph.node for o in n.output}
     scatter = producer[names.grad_output_name("emb")]
-    assert scatter.op_type == "ScatterND" and scatter.input[0] == names.grad_buffer_name("emb")
+    assert scatter.op_type == "ScatterElements" and scatter.input[0] == names.grad_buffer_name("emb")
     assert "ConstantOfShape" not in [n.op_type for n in model.graph.node]
     assert "ConstantOfShape" in before
     if reset:  # the only buffer a reset graph reads is the one it scatters into

@@ -98,20 +98,57 @@ def identity_along(ctx: GradContext, x: str, a: int, b: int) -> tuple[str, list[
     return op.Reshape(op.EyeLike(square), shape), shape
 
 
-def scatter_add(ctx: GradContext, data: str, indices: str, updates: str, axis: int = 0, nd: bool = False) -> str:
-    """ScatterElements (or ScatterND) with reduction="add": the transpose of a gather with repeats.
+def scatter_add(ctx: GradContext, data: str, indices: str, updates: str, axis: int = 0) -> str:
+    """ScatterElements with reduction="add": the transpose of a gather with repeats."""
+    _check_scatter_add_opset(ctx, "ScatterElements")
+    return ctx.op.ScatterElements(data, indices, updates, axis=axis, reduction="add")
 
-    The reduction attribute exists from opset 16; older models must be converted first.
+
+def scatter_nd_add(ctx: GradContext, data: str, indices: str, updates: str, rank: int, depth: int | None) -> str:
+    """What ScatterND(data, indices, updates, reduction="add") computes, written with ScatterElements; ``rank``
+    is data's rank, ``depth`` the last dimension of ``indices`` (None: known at run time only).
+
+    onnxruntime's ScatterND adds its slices on several threads with no care for repeated indices: two threads
+    adding into the same row lose one of the additions (an embedding looked up by every token, as BERT's token
+    types, lost up to half of its gradient at 2 threads, differently on every run; every onnxruntime version
+    tried). Its ScatterElements adds repeated indices correctly at any thread count. With one index per slice
+    (depth 1, an embedding lookup) the slices are rows of ``data``, which keeps its shape (the runtime then
+    scatters straight into the gradient buffer, runtime/passes/scatter_gradient.py); otherwise every element is
+    scattered at its flat position.
     """
-    op_type = "ScatterND" if nd else "ScatterElements"
+    _check_scatter_add_opset(ctx, "ScatterND")
+    op, b = ctx.op, ctx.b
+    if depth == 1:
+        rows = op.Reshape(indices, b.ints([-1]))
+        if rank == 1:
+            return op.ScatterElements(data, rows, op.Reshape(updates, b.ints([-1])), axis=0, reduction="add")
+        # a slice's shape from the updates (their last rank - 1 axes), not from data: the data is often a tensor
+        # of zeros that the runtime replaces by the gradient buffer, and reading its shape would keep it
+        per_row = op.Reshape(updates, op.Concat(b.ints([-1]), shape_of(b, updates, 1 - rank), axis=0))
+        index = op.Expand(op.Reshape(rows, b.ints([-1] + [1] * (rank - 1))), op.Shape(per_row))
+        return op.ScatterElements(data, index, per_row, axis=0, reduction="add")
+    # the flat position of each indexed slice's first element, then of each of its elements
+    data_shape = op.Shape(data)
+    k = shape_of(b, indices, -1)
+    lead = op.Slice(data_shape, b.ints([0]), k)
+    slice_size = b.reduce("ReduceProd", op.Slice(data_shape, k, b.ints([np.iinfo(np.int64).max])), [0])
+    one = b.const(np.int64(1))
+    positions = op.Reshape(op.Range(b.const(np.int64(0)), b.reduce("ReduceProd", lead, [0], keepdims=False), one),
+                           lead)
+    first = op.Mul(op.Reshape(op.GatherND(positions, indices), b.ints([-1, 1])), slice_size)
+    offsets = b.unsqueeze(op.Range(b.const(np.int64(0)), b.squeeze(slice_size, [0]), one), [0])
+    flat = op.ScatterElements(op.Reshape(data, b.ints([-1])), op.Reshape(op.Add(first, offsets), b.ints([-1])),
+                              op.Reshape(updates, b.ints([-1])), axis=0, reduction="add")
+    return op.Reshape(flat, data_shape)
+
+
+def _check_scatter_add_opset(ctx: GradContext, op_type: str) -> None:
+    """The reduction attribute exists from opset 16; older models must be converted first."""
     if ctx.b.opset < 16:
         raise UnsupportedOpError(
             f"{ctx.node.op_type} node {ctx.node.name!r}: its gradient adds into repeated positions with "
             f"{op_type}(reduction='add'), which needs opset 16 and the model is at opset {ctx.b.opset}. - help: "
             f"convert the model first: onnx.version_converter.convert_version(model, 17)")
-    if nd:
-        return ctx.op.ScatterND(data, indices, updates, reduction="add")
-    return ctx.op.ScatterElements(data, indices, updates, axis=axis, reduction="add")
 
 
 def _axis_size(ctx: GradContext, x: str, axis: int) -> str:
@@ -191,14 +228,14 @@ def gather(ctx: GradContext):
     idx = ctx.op.Cast(ctx.b.unsqueeze(idx, [-1]), to=onnx.TensorProto.INT64)
     if axis == 0 and embedding_scales_by_frequency(ctx.node):
         # torch's Embedding(scale_grad_by_freq=True): each lookup's dY divided by its index's count in the batch
-        counts = scatter_add(ctx, ctx.b.full(dim, 0, ctx.elem_type(data)), idx,
-                             ctx.b.ones_like(indices, ctx.elem_type(data)), nd=True)
+        counts = scatter_nd_add(ctx, ctx.b.full(dim, 0, ctx.elem_type(data)), idx,
+                                ctx.b.ones_like(indices, ctx.elem_type(data)), rank=1, depth=1)
         dy = ctx.op.Div(dy, per_lookup(ctx.op.Gather(counts, ctx.b.squeeze(idx, [-1]))))
     data_perm = [axis, *range(axis), *range(axis + 1, rank_d)]
     zeros = ctx.b.zeros_like(data, ctx.elem_type(data))
     if axis:
         zeros = ctx.op.Transpose(zeros, perm=data_perm)
-    d = scatter_add(ctx, zeros, idx, dy, nd=True)
+    d = scatter_nd_add(ctx, zeros, idx, dy, rank=rank_d, depth=1)
     if axis:
         d = ctx.op.Transpose(d, perm=[int(i) for i in np.argsort(data_perm)])
     return d, None

@@ -12,7 +12,14 @@ import onnx
 
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.registry import register
-from onnxtrain.autodiff.shape import _flat_positions, _scatter_back, identity_along, scatter_add, shape_of
+from onnxtrain.autodiff.shape import (
+    _flat_positions,
+    _scatter_back,
+    identity_along,
+    scatter_add,
+    scatter_nd_add,
+    shape_of,
+)
 from onnxtrain.ir.types import np_dtype
 
 
@@ -197,7 +204,9 @@ def gather_nd(ctx: GradContext):
     dy, op = ctx.dy[0], ctx.op
     batch = ctx.attr("batch_dims", 0)
     if not batch:
-        return scatter_add(ctx, _zeros(ctx, data), indices, dy, nd=True), None
+        depth = ctx.info(indices).shape[-1] if ctx.info(indices).shape else None
+        return scatter_nd_add(ctx, _zeros(ctx, data), indices, dy, rank=ctx.rank(data),
+                              depth=depth if isinstance(depth, int) else None), None
     dshape, ishape = ctx.info(data).static_shape, ctx.info(indices).static_shape
     if dshape is None or ishape is None:
         return _gather_nd_batched_dynamic(ctx, batch), None
@@ -208,7 +217,8 @@ def gather_nd(ctx: GradContext):
                      op.Cast(op.Reshape(indices, ctx.b.ints([*inner, ishape[-1]])), to=onnx.TensorProto.INT64), axis=-1)
     zeros = ctx.b.const(np.zeros([n, *dshape[batch:]], dtype=np_dtype(ctx.elem_type(data))))
     flat_dy = op.Reshape(dy, ctx.b.ints([*inner, *dshape[batch + ishape[-1]:]]))
-    return op.Reshape(scatter_add(ctx, zeros, full, flat_dy, nd=True), ctx.b.ints(dshape)), None
+    return op.Reshape(scatter_nd_add(ctx, zeros, full, flat_dy, rank=1 + len(dshape) - batch, depth=ishape[-1] + 1),
+                      ctx.b.ints(dshape)), None
 
 
 def _gather_nd_batched_dynamic(ctx: GradContext, batch: int) -> str:
@@ -229,7 +239,8 @@ def _gather_nd_batched_dynamic(ctx: GradContext, batch: int) -> str:
     coords = op.Expand(coords, op.Concat(shape_of(b, index, 0, inner_rank), b.ints([1]), axis=0))
     full = op.Concat(coords, index, axis=-1)
     zeros = b.full(op.Concat(n, shape_of(b, data, batch), axis=0), 0, ctx.elem_type(data))
-    return op.Reshape(scatter_add(ctx, zeros, full, fold(ctx.dy[0]), nd=True), op.Shape(data))
+    return op.Reshape(scatter_nd_add(ctx, zeros, full, fold(ctx.dy[0]), rank=1 + ctx.rank(data) - batch, depth=None),
+                      op.Shape(data))
 
 
 # -- Einsum --------------------------------------------------------------------------------------------------

@@ -1,21 +1,21 @@
 """ScatterIntoGradient: an embedding's gradient scattered straight into the gradient buffer, without zeros.
 
-The gradient of ``Gather(W, ids)`` is ``ScatterND(zeros_like(W), ids, dY, reduction="add")``: a tensor of W's
-size (45 MiB for BERT's 30,522 x 384 word embeddings) that only a few rows of the batch touch. onnxruntime
-folds the zeros into a constant that the session keeps for good, and ScatterND copies it into its output on
-every step. The runtime binds the gradient buffer and the gradient output to the same memory, so the scatter
-can add into the buffer itself (onnxruntime's ScatterND does not copy when its input and output are one
-buffer):
+The gradient of ``Gather(W, ids)`` is ``ScatterElements(zeros_like(W), rows, dY, reduction="add")`` (rows: each
+lookup's index repeated along its row; autodiff/shape.py ``scatter_nd_add``): a tensor of W's size (45 MiB for
+BERT's 30,522 x 384 word embeddings) that only a few rows of the batch touch. onnxruntime folds the zeros into a
+constant that the session keeps for good, and the scatter copies it into its output on every step. The runtime
+binds the gradient buffer and the gradient output to the same memory, so the scatter can add into the buffer
+itself (onnxruntime's scatters do not copy when their input and output are one buffer):
 
-    accumulating:   out = buffer + ScatterND(zeros, ids, dY, add)  ->  out = ScatterND(buffer, ids, dY, add)
-    after a reset:  out = ScatterND(zeros, ids, dY, add)           ->  out = ScatterND(buffer, ids, dY, add),
-                                                                       the runtime zeroes the buffer first
+    accumulating:   out = buffer + Scatter(zeros, rows, dY, add)  ->  out = Scatter(buffer, rows, dY, add)
+    after a reset:  out = Scatter(zeros, rows, dY, add)           ->  out = Scatter(buffer, rows, dY, add),
+                                                                      the runtime zeroes the buffer first
 
 After a reset the specialised graph reads no other gradient buffer, so the buffers it still reads are exactly
 the ones to zero (:func:`zeroed_before_run`). Cases handled, per trainable parameter: its gradient output
-produced by such a ScatterND (or the accumulating Add of one) whose data is a ``ConstantOfShape`` of zeros and
-that nothing else reads; other gradients are left as they are. The buffer's only reader is then the ScatterND
-that writes its output (postcondition, checked).
+produced by such a ScatterElements or ScatterND (or the accumulating Add of one) whose data is a
+``ConstantOfShape`` of zeros and that nothing else reads; other gradients are left as they are. The buffer's
+only reader is then the scatter that writes its output (postcondition, checked).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import clone, drop_unread_initializers, node_inputs, prune_nodes
 
 __all__ = ["ScatterIntoGradient", "zeroed_before_run"]
+
+SCATTERS = frozenset({"ScatterElements", "ScatterND"})
 
 
 class ScatterIntoGradient(Pass):
@@ -71,15 +73,16 @@ class ScatterIntoGradient(Pass):
                     continue
             if not _scatter_add_into_zeros(scatter, producer):
                 continue
-            replace[id(node)] = helper.make_node("ScatterND", [buffer, *scatter.input[1:]], [out],
-                                                 name=f"{out}/scatter", reduction="add")
+            replace[id(node)] = helper.make_node(scatter.op_type, [buffer, *scatter.input[1:]], [out],
+                                                 name=f"{out}/scatter")
+            replace[id(node)].attribute.extend(scatter.attribute)
             buffers.append(buffer)
         if not replace:
             return PassResult(model, False)
         nodes = prune_nodes([replace.get(id(n), n) for n in graph.node], [o.name for o in graph.output])
         for buffer in buffers:
             reading = [n for n in nodes if buffer in node_inputs(n)]
-            if len(reading) != 1 or reading[0].op_type != "ScatterND":
+            if len(reading) != 1 or reading[0].op_type not in SCATTERS:
                 raise PassError(f"the gradient buffer {buffer!r} is read by {len(reading)} nodes after the rewrite; "
                                 "it must be read only by the scatter that writes over it")
         result = clone(model)
@@ -103,7 +106,7 @@ def zeroed_before_run(model: onnx.ModelProto, trainable: Sequence[str]) -> list[
 
 
 def _scatter_add_into_zeros(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto]) -> bool:
-    if node.op_type != "ScatterND" or not any(a.name == "reduction" and a.s == b"add" for a in node.attribute):
+    if node.op_type not in SCATTERS or not any(a.name == "reduction" and a.s == b"add" for a in node.attribute):
         return False
     zeros = producer.get(node.input[0])
     if zeros is None or zeros.op_type != "ConstantOfShape":
