@@ -265,3 +265,59 @@ def test_a_join_does_not_recompute_a_matrix_product(tmp_path):
                                    loss=LossType.MSELoss, artifact_directory=tmp_path)
     result = RecomputeInBackward()(onnx.load(paths["training"]))
     assert not result.modified
+
+
+def _normalized(trained: list[str]) -> onnx.ModelProto:
+    """h = x @ W1; n = LayerNorm(h + x) (scale g, bias b); y = n @ W2: W2's gradient n^T dy reads the
+    normalization's output, W1's reads its input (through the normalization's backward)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(D, D)).astype(np.float32), "W1"),
+             numpy_helper.from_array(rng.normal(size=(D, 3)).astype(np.float32), "W2"),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, D).astype(np.float32), "g"),
+             numpy_helper.from_array(rng.normal(size=D).astype(np.float32), "b")]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Add", ["h", "x"], ["s"]),
+         helper.make_node("LayerNormalization", ["s", "g", "b"], ["n"], axis=-1, epsilon=1e-5),
+         helper.make_node("MatMul", ["n", "W2"], ["y"])],
+        "normalized", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, 5, D])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [N, 5, 3])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _normalized_feeds(model: onnx.ModelProto) -> dict:
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.normal(size=(N, 5, D)).astype(np.float32), "lazy_reset_grad": np.array(True),
+             "target": rng.normal(size=(N, 5, 3)).astype(np.float32),
+             **{i.name: numpy_helper.to_array(i) for i in _normalized([]).graph.initializer}}
+    for i in model.graph.input:
+        if i.name not in feeds:  # the gradient buffers
+            feeds[i.name] = np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32)
+    return feeds
+
+
+def test_a_layer_normalization_output_is_recomputed_from_the_input_its_backward_keeps(tmp_path):
+    with as_built():
+        paths = generate_artifacts(_normalized([]), requires_grad=["W1", "W2", "g", "b"], loss=LossType.MSELoss,
+                                   artifact_directory=tmp_path)
+    model = onnx.load(paths["training"])
+    assert {"n", "s"} <= _backward_reads(model)
+    result = RecomputeInBackward()(model)
+    assert result.modified
+    assert "n" not in _backward_reads(result.model) and "s" in _backward_reads(result.model)
+    (copy,) = [n for n in result.model.graph.node if n.name.endswith(SUFFIX)]
+    assert copy.op_type == "LayerNormalization" and len(copy.output) == 1   # not its mean and deviation again
+    assert copy.input[1:] == ["g", "b"]
+    feeds = _normalized_feeds(model)
+    for got, want in zip(_run(result.model, feeds), _run(model, feeds)):  # loss and the four gradients
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_layer_normalization_whose_input_nothing_keeps_is_left_alone(tmp_path):
+    """Only W2 trained: nothing differentiates through the normalization, so its input is not kept and
+    recomputing its output would keep that input instead."""
+    with as_built():
+        paths = generate_artifacts(_normalized([]), requires_grad=["W2"], frozen_params=["W1", "g", "b"],
+                                   loss=LossType.MSELoss, artifact_directory=tmp_path)
+    model = onnx.load(paths["training"])
+    assert "n" in _backward_reads(model) and "s" not in _backward_reads(model)
+    assert not RecomputeInBackward()(model).modified

@@ -26,7 +26,12 @@ Cases handled:
    gradient reads, from the ``x`` its derivative keeps (12 MB per layer of a BERT-base at batch 8, sequence 128).
    The kept inputs of a chain's copies are read through one view per value, so that onnxruntime fuses the copied
    GELU into one Gelu kernel as it fuses the forward's.
-4. Left alone: a chain that starts at a forward value the backward does not read (keeping it instead would
+4. A ``LayerNormalization``'s output (its first: the mean and inverse deviation it also makes are not
+   copied) whose scale and bias are parameters, graph inputs or values the backward keeps anyway, and whose data
+   input is such a value or recomputed: the next projections' weight gradients read a transformer's normalized
+   hidden states, from the normalization's input its own backward keeps (3 MB per normalization of a BERT-base at
+   batch 8, sequence 128, two per layer); one normalization pass over them costs about what a copy does.
+5. Left alone: a chain that starts at a forward value the backward does not read (keeping it instead would
    save nothing) or at a value of unknown rank, values a subgraph of the backward reads, and every other op.
 
 onnxruntime's common-subexpression elimination would merge a copy with its original (same op, same inputs,
@@ -58,6 +63,7 @@ UNARY = frozenset({"Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Tan
                    "Softplus", "Sin", "Cos", "Softmax", "LogSoftmax"})
 BINARY_WITH_CONSTANT = frozenset({"Add", "Sub", "Mul", "Div", "Pow"})
 ELEMENTWISE_BINARY = frozenset({"Add", "Sub", "Mul", "Div"})
+NORMALIZATIONS = frozenset({"LayerNormalization"})  # output 0 from input 0 and parameters (inputs 1 and 2)
 SUFFIX = "/recomputed"
 _START = -1  # a chain's first op: reads only values that stay alive anyway
 _JOIN = -2  # a binary op of two variable inputs, each recomputed or kept anyway
@@ -119,7 +125,12 @@ class RecomputeInBackward(Pass):
             return node.op_type != "MatMul" and (k == _START or elementwise(node.input[k]))
 
         def _link(node: onnx.NodeProto, v: str) -> int | None:
-            if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+            if node.domain not in ("", "ai.onnx"):
+                return None
+            if node.op_type in NORMALIZATIONS:
+                if v != node.output[0] or not node.input or not all(stays(x) for x in node.input[1:] if x):
+                    return None
+            elif len(node.output) != 1:
                 return None
             if node.op_type == "MatMul":  # batched, of two activations: not a projection by a weight
                 ok = all(x in producer and _rank(infos(x), x) >= 3 and not recomputable(x) for x in node.input)
@@ -253,8 +264,9 @@ def _one_element_constants(graph: onnx.GraphProto) -> set[str]:
 
 
 def _variable_input(node: onnx.NodeProto, constants: set[str]) -> int | None:
-    """The index of the one non-constant input of a unary or binary-with-constant node, or None."""
-    if node.op_type in UNARY and len(node.input) == 1:
+    """The index of the one non-constant input of a unary or binary-with-constant node (a normalization's data
+    input), or None."""
+    if (node.op_type in UNARY and len(node.input) == 1) or node.op_type in NORMALIZATIONS:
         return 0
     if node.op_type in BINARY_WITH_CONSTANT and len(node.input) == 2:
         variable = [k for k, x in enumerate(node.input) if x not in constants]
