@@ -93,3 +93,51 @@ def test_the_embedding_gradient_reads_no_zeros(tmp_path, reset):
     assert "ConstantOfShape" in before
     if reset:  # the only buffer a reset graph reads is the one it scatters into
         assert zeroed_before_run(model, meta.trainable) == ["emb"]
+
+
+def _wide_embedding_model(rows: int, dim: int, seq: int) -> onnx.ModelProto:
+    """ids [batch, seq] -> Gather(emb [rows, dim]) -> ReduceMean over the sequence -> Gemm -> logits."""
+    rng = np.random.default_rng(0)
+    weights = {"emb": rng.standard_normal((rows, dim)).astype(np.float32),
+               "fc.weight": rng.standard_normal((CLASSES, dim)).astype(np.float32),
+               "fc.bias": np.zeros(CLASSES, np.float32)}
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["e"]),
+             helper.make_node("ReduceMean", ["e"], ["m"], axes=[1], keepdims=0),
+             helper.make_node("Gemm", ["m", "fc.weight", "fc.bias"], ["logits"], transB=1)]
+    graph = helper.make_graph(nodes, "embedding", [helper.make_tensor_value_info("ids", TensorProto.INT64,
+                                                                                 ["batch", seq])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])],
+                              initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "separate"])
+def test_an_embedding_shared_by_every_token_gets_the_same_gradient_at_one_and_four_threads(tmp_path, fuse):
+    """BERT's token types: 1,024 lookups of one row. onnxruntime's multi-threaded ScatterND lost about half of
+    them; the gradient scattered into the buffer must be the one-thread one, and training reproducible."""
+    import onnxruntime as ort
+
+    generate_artifacts(_wide_embedding_model(2, 384, 128), requires_grad=["emb", "fc.weight", "fc.bias"],
+                       loss=LossType.CrossEntropyLoss, optimizer=blocks.AdamW(), artifact_directory=tmp_path)
+    ids, labels = np.zeros((8, 128), np.int64), np.arange(8) % CLASSES
+
+    def train(threads: int) -> tuple[np.ndarray, np.ndarray]:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+        module = Module(tmp_path / "training_model.onnx", state, session_options=options)
+        module.training_run.fuse = fuse
+        opt = Optimizer(tmp_path / "optimizer_model.onnx", module)
+        for _ in range(3):
+            module(ids, labels)
+            opt.step()
+            module.lazy_reset_grad()
+        module(ids, labels)
+        return state.parameters["emb"].grad.copy(), state.parameters["emb"].data.copy()
+
+    grad_1, data_1 = train(1)
+    assert np.abs(grad_1[0]).max() > 0
+    for _ in range(2):
+        grad_4, data_4 = train(4)
+        np.testing.assert_allclose(grad_4, grad_1, rtol=1e-4, atol=1e-7)
+        np.testing.assert_allclose(data_4, data_1, rtol=1e-5, atol=1e-7)
