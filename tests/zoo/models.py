@@ -1353,7 +1353,7 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
                                        conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
                                        num_conv_pos_embedding_groups=2, feat_proj_dropout=0.0, activation_dropout=0.0,
                                        final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0, classifier_proj_size=8,
-                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_SMALL_HF),
+                                       hidden_dropout=0.0, attention_dropout=0.0, **_SMALL_HF),
          _audio, _classes, (400, 640), {1: "samples"}, batches=(2, 3)),
     # talking-heads attention, LayerScale, class-attention layers; the position embedding fixes the size
     _vision("cait", "timm", _timm("cait_xxs24_224", img_size=32, embed_dim=16, depth=2, num_heads=2, depth_token_only=1,

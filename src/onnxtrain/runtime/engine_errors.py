@@ -9,6 +9,7 @@ import numpy as np
 
 from onnxtrain.conventions import CLASS_LOSSES
 from onnxtrain.errors import ExecutionError, NonFiniteError, OnnxTrainError
+from onnxtrain.runtime.size_limits import exceeded
 
 __all__ = ["run_session"]
 
@@ -41,10 +42,14 @@ def run_session(session, what: str, *args, **kwargs) -> list[np.ndarray]:
         where += f" ({node.group(2)!r})" if node and node.group(2) else ""
         index = node.group(1) in _INDEX_READERS if node else not _SHAPE_MESSAGE.search(str(exc))
         failed = f"the {what} failed{where}: {_engine_message(exc)}"
-        nonfinite = _first_nonfinite(args[0] if args and isinstance(args[0], Mapping) else {})
+        feeds = args[0] if args and isinstance(args[0], Mapping) else {}
+        nonfinite = _first_nonfinite(feeds)
         if nonfinite:
             # a kernel may stop on NaN where the loss would have shown it (MaxUnpool in onnxruntime 1.17-1.23)
             raise NonFiniteError(f"{failed}; input {nonfinite}: check the inputs for NaN/inf") from None
+        too_long = exceeded(session.size_limits(), feeds) if hasattr(session, "size_limits") else ""
+        if too_long:
+            raise ExecutionError(f"{failed} ({too_long})") from None
         hint = ("check the inputs' shapes and values" if not index
                 else "check the input values, e.g. token ids must be below the embedding's vocabulary size"
                 if node and node.group(1) == "Gather"

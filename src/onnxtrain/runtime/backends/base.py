@@ -9,7 +9,8 @@ import numpy as np
 import onnx
 
 from onnxtrain.errors import ArtifactError
-from onnxtrain.ir.types import np_dtype
+from onnxtrain.ir.types import infer_tensor_info, np_dtype
+from onnxtrain.runtime.size_limits import SizeLimit, size_limits
 
 __all__ = ["Session", "TensorMeta", "graph_io"]
 
@@ -44,6 +45,19 @@ class Session:
         self.inputs = graph_io(model.graph.input)
         self.outputs = graph_io(model.graph.output)
         self.input_names = frozenset(m.name for m in self.inputs)
+        self._model = model  # the graph, for explaining a failed run (size_limits)
+        self._size_limits: tuple[SizeLimit, ...] | None = None
+
+    def size_limits(self) -> tuple[SizeLimit, ...]:
+        """The inputs' dimensions that index a table of fixed length (runtime/size_limits.py), found on the
+        first call: a failed run asks, to name an input longer than the model takes."""
+        if self._size_limits is None:
+            try:
+                infos = infer_tensor_info(self._model)
+            except Exception:  # the shapes only add cases; the inputs' own dimensions are known without them
+                infos = {}
+            self._size_limits = size_limits(self._model.graph, infos)
+        return self._size_limits
 
     def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], fetch: list[str],
             state: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
