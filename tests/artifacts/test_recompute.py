@@ -267,9 +267,10 @@ def test_a_join_does_not_recompute_a_matrix_product(tmp_path):
     assert not result.modified
 
 
-def _normalized(trained: list[str]) -> onnx.ModelProto:
+def _normalized(trained: list[str], dropout: float | None = None) -> onnx.ModelProto:
     """h = x @ W1; n = LayerNorm(h + x) (scale g, bias b); y = n @ W2: W2's gradient n^T dy reads the
-    normalization's output, W1's reads its input (through the normalization's backward)."""
+    normalization's output, W1's reads its input (through the normalization's backward). With ``dropout``, y
+    reads n through a training-mode Dropout of that constant ratio (output ``d``)."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.normal(size=(D, D)).astype(np.float32), "W1"),
              numpy_helper.from_array(rng.normal(size=(D, 3)).astype(np.float32), "W2"),
@@ -278,7 +279,11 @@ def _normalized(trained: list[str]) -> onnx.ModelProto:
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "W1"], ["h"]), helper.make_node("Add", ["h", "x"], ["s"]),
          helper.make_node("LayerNormalization", ["s", "g", "b"], ["n"], axis=-1, epsilon=1e-5),
-         helper.make_node("MatMul", ["n", "W2"], ["y"])],
+         *([] if dropout is None else [
+             helper.make_node("Constant", [], ["ratio"], value=numpy_helper.from_array(np.array(dropout, np.float32))),
+             helper.make_node("Constant", [], ["training"], value=numpy_helper.from_array(np.array(True))),
+             helper.make_node("Dropout", ["n", "ratio", "training"], ["d", "mask"])]),
+         helper.make_node("MatMul", ["n" if dropout is None else "d", "W2"], ["y"])],
         "normalized", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, 5, D])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [N, 5, 3])], initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -321,3 +326,22 @@ def test_a_layer_normalization_whose_input_nothing_keeps_is_left_alone(tmp_path)
     model = onnx.load(paths["training"])
     assert "n" in _backward_reads(model) and "s" not in _backward_reads(model)
     assert not RecomputeInBackward()(model).modified
+
+
+def test_a_dropout_of_ratio_zero_after_the_normalization_is_recomputed_with_it(tmp_path):
+    """transformers' embeddings: LayerNorm -> Dropout(p=0) -> the projections, whose weight gradients read the
+    dropout's output; with a ratio above 0 the dropout is random and stays kept."""
+    for ratio, recomputed in ((0.0, True), (0.1, False)):
+        with as_built():
+            paths = generate_artifacts(_normalized([], dropout=ratio), requires_grad=["W1", "W2", "g", "b"],
+                                       loss=LossType.MSELoss, artifact_directory=tmp_path / str(ratio))
+        model = onnx.load(paths["training"])
+        assert {"d", "s"} <= _backward_reads(model)
+        result = RecomputeInBackward()(model)
+        assert ("d" not in _backward_reads(result.model)) == recomputed
+        if recomputed:
+            copies = sorted(n.op_type for n in result.model.graph.node if n.name.endswith(SUFFIX))
+            assert copies == ["Dropout", "LayerNormalization"]
+            feeds = _normalized_feeds(model)
+            for got, want in zip(_run(result.model, feeds), _run(model, feeds)):
+                np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

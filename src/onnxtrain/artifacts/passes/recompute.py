@@ -31,7 +31,9 @@ Cases handled:
    input is such a value or recomputed: the next projections' weight gradients read a transformer's normalized
    hidden states, from the normalization's input its own backward keeps (3 MB per normalization of a BERT-base at
    batch 8, sequence 128, two per layer); one normalization pass over them costs about what a copy does.
-5. Left alone: a chain that starts at a forward value the backward does not read (keeping it instead would
+5. A ``Dropout`` that passes its input through (a ratio of 0, or not training) continues a chain like a unary op:
+   the embeddings' normalization of a transformers BERT is read through one.
+6. Left alone: a chain that starts at a forward value the backward does not read (keeping it instead would
    save nothing) or at a value of unknown rank, values a subgraph of the backward reads, and every other op.
 
 onnxruntime's common-subexpression elimination would merge a copy with its original (same op, same inputs,
@@ -102,6 +104,7 @@ class RecomputeInBackward(Pass):
             if self.infos is None:
                 return node.output[0] in inferred()
             return bool(node.output[0]) and node.op_type not in _MAY_NOT_MAKE_TENSORS
+        constant_value = _constant_lookup(graph)
         kept = {x for k, xs in enumerate(index.reads) if k not in forward for x in xs if x in producer}
         # a value a subgraph reads stays alive for it: nothing to gain, and the rewrite reads direct inputs only
         captured = {x for k, xs in index.implicit.items() if k not in forward for x in xs}
@@ -129,6 +132,9 @@ class RecomputeInBackward(Pass):
                 return None
             if node.op_type in NORMALIZATIONS:
                 if v != node.output[0] or not node.input or not all(stays(x) for x in node.input[1:] if x):
+                    return None
+            elif node.op_type == "Dropout":
+                if v != node.output[0] or not node.input or not _passes_through(node, constant_value):
                     return None
             elif len(node.output) != 1:
                 return None
@@ -263,10 +269,38 @@ def _one_element_constants(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
+def _constant_lookup(graph: onnx.GraphProto):
+    """name -> the value of that initializer or Constant node (None if neither), decoded on demand: most graphs
+    never ask (a CNN's generation decodes no constant here)."""
+    @functools.cache
+    def protos() -> dict[str, onnx.TensorProto]:
+        found = {i.name: i for i in graph.initializer if not i.external_data}
+        found.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant"
+                      for a in n.attribute if a.name == "value"})
+        return found
+
+    def value(name: str) -> np.ndarray | None:
+        proto = protos().get(name)
+        return None if proto is None else numpy_helper.to_array(proto)
+    return value
+
+
+def _passes_through(node: onnx.NodeProto, constant_value) -> bool:
+    """Whether a Dropout node's output is its input: not training (no training_mode, or a constant false) or a
+    constant ratio of 0 (transformers exports its dropouts so with a probability of 0)."""
+    if len(node.input) < 3 or not node.input[2]:
+        return True
+    training = constant_value(node.input[2])
+    if training is not None and training.size == 1 and not training.reshape(-1)[0]:
+        return True
+    ratio = constant_value(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    return ratio is not None and ratio.size == 1 and ratio.reshape(-1)[0] == 0
+
+
 def _variable_input(node: onnx.NodeProto, constants: set[str]) -> int | None:
     """The index of the one non-constant input of a unary or binary-with-constant node (a normalization's data
     input), or None."""
-    if (node.op_type in UNARY and len(node.input) == 1) or node.op_type in NORMALIZATIONS:
+    if (node.op_type in UNARY and len(node.input) == 1) or node.op_type in NORMALIZATIONS or node.op_type == "Dropout":
         return 0
     if node.op_type in BINARY_WITH_CONSTANT and len(node.input) == 2:
         variable = [k for k, x in enumerate(node.input) if x not in constants]
