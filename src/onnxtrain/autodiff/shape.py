@@ -116,7 +116,7 @@ def scatter_nd_add(ctx: GradContext, data: str, indices: str, updates: str, rank
     scatters straight into the gradient buffer, runtime/passes/scatter_gradient.py); otherwise every element is
     scattered at its flat position.
     """
-    _check_scatter_add_opset(ctx, "ScatterND")
+    _check_scatter_add_opset(ctx, "ScatterElements")
     op, b = ctx.op, ctx.b
     if depth == 1:
         rows = op.Reshape(indices, b.ints([-1]))
