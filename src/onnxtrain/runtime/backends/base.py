@@ -56,7 +56,10 @@ class Session:
                 infos = infer_tensor_info(self._model)
             except Exception:  # the shapes only add cases; the inputs' own dimensions are known without them
                 infos = {}
-            self._size_limits = size_limits(self._model.graph, infos)
+            try:
+                self._size_limits = size_limits(self._model.graph, infos)
+            except Exception:  # a graph this reading does not expect: the engine's own error must still come out
+                self._size_limits = ()
         return self._size_limits
 
     def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray], fetch: list[str],
