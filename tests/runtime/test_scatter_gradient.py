@@ -20,17 +20,17 @@ from onnxtrain.runtime.passes import ScatterIntoGradient, SpecializeReset, zeroe
 VOCAB, DIM, SEQ, CLASSES = 11, 6, 5, 3
 
 
-def _embedding_model() -> onnx.ModelProto:
-    """ids [batch, SEQ] -> Gather(emb) -> ReduceMean over the sequence -> Gemm -> logits."""
+def _embedding_model(rows: int = VOCAB, dim: int = DIM, seq: int = SEQ) -> onnx.ModelProto:
+    """ids [batch, seq] -> Gather(emb [rows, dim]) -> ReduceMean over the sequence -> Gemm -> logits."""
     rng = np.random.default_rng(0)
-    weights = {"emb": rng.standard_normal((VOCAB, DIM)).astype(np.float32),
-               "fc.weight": rng.standard_normal((CLASSES, DIM)).astype(np.float32),
+    weights = {"emb": rng.standard_normal((rows, dim)).astype(np.float32),
+               "fc.weight": rng.standard_normal((CLASSES, dim)).astype(np.float32),
                "fc.bias": np.zeros(CLASSES, np.float32)}
     nodes = [helper.make_node("Gather", ["emb", "ids"], ["e"]),
              helper.make_node("ReduceMean", ["e"], ["m"], axes=[1], keepdims=0),
              helper.make_node("Gemm", ["m", "fc.weight", "fc.bias"], ["logits"], transB=1)]
     graph = helper.make_graph(nodes, "embedding", [helper.make_tensor_value_info("ids", TensorProto.INT64,
-                                                                                 ["batch", SEQ])],
+                                                                                 ["batch", seq])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])],
                               initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -95,29 +95,13 @@ def test_the_embedding_gradient_reads_no_zeros(tmp_path, reset):
         assert zeroed_before_run(model, meta.trainable) == ["emb"]
 
 
-def _wide_embedding_model(rows: int, dim: int, seq: int) -> onnx.ModelProto:
-    """ids [batch, seq] -> Gather(emb [rows, dim]) -> ReduceMean over the sequence -> Gemm -> logits."""
-    rng = np.random.default_rng(0)
-    weights = {"emb": rng.standard_normal((rows, dim)).astype(np.float32),
-               "fc.weight": rng.standard_normal((CLASSES, dim)).astype(np.float32),
-               "fc.bias": np.zeros(CLASSES, np.float32)}
-    nodes = [helper.make_node("Gather", ["emb", "ids"], ["e"]),
-             helper.make_node("ReduceMean", ["e"], ["m"], axes=[1], keepdims=0),
-             helper.make_node("Gemm", ["m", "fc.weight", "fc.bias"], ["logits"], transB=1)]
-    graph = helper.make_graph(nodes, "embedding", [helper.make_tensor_value_info("ids", TensorProto.INT64,
-                                                                                 ["batch", seq])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])],
-                              initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "separate"])
 def test_an_embedding_shared_by_every_token_gets_the_same_gradient_at_one_and_four_threads(tmp_path, fuse):
     """BERT's token types: 1,024 lookups of one row. onnxruntime's multi-threaded ScatterND lost about half of
     them; the gradient scattered into the buffer must be the one-thread one, and training reproducible."""
     import onnxruntime as ort
 
-    generate_artifacts(_wide_embedding_model(2, 384, 128), requires_grad=["emb", "fc.weight", "fc.bias"],
+    generate_artifacts(_embedding_model(2, 384, 128), requires_grad=["emb", "fc.weight", "fc.bias"],
                        loss=LossType.CrossEntropyLoss, optimizer=blocks.AdamW(), artifact_directory=tmp_path)
     ids, labels = np.zeros((8, 128), np.int64), np.arange(8) % CLASSES
 

@@ -11,21 +11,19 @@ that slices a table by a length and never needs the two to agree still runs with
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
+from onnxtrain.ir.passes import constant_values
 from onnxtrain.ir.types import TensorInfo
 
 __all__ = ["SizeLimit", "exceeded", "size_limits"]
 
 # ops that pass a value on unchanged but for its layout or type
 _PASS_THROUGH = frozenset({"Unsqueeze", "Squeeze", "Reshape", "Cast", "Identity", "Flatten", "Expand"})
-_SMALL = 64  # elements of a constant worth decoding
 
 
 @dataclass(frozen=True)
@@ -92,18 +90,11 @@ def exceeded(limits: tuple[SizeLimit, ...], feeds: Mapping[str, object]) -> str:
 
 
 def _small_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    """Initializers and Constant nodes of at most _SMALL elements, also as read through a Reshape or a Cast
+    """The graph's small constants (ir.passes.constant_values), also as read through a Reshape or a Cast
     (torch.export's slice bounds)."""
-    values = {i.name: numpy_helper.to_array(i) for i in graph.initializer
-              if math.prod(i.dims) <= _SMALL and i.data_location != onnx.TensorProto.EXTERNAL}
+    values = constant_values(graph)
     for n in graph.node:
-        if n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value" and math.prod(a.t.dims) <= _SMALL:
-                    values[n.output[0]] = numpy_helper.to_array(a.t)
-                elif a.name in ("value_int", "value_ints"):
-                    values[n.output[0]] = np.array(onnx.helper.get_attribute_value(a), np.int64)
-        elif n.op_type in _PASS_THROUGH and n.input and n.input[0] in values:
+        if n.op_type in _PASS_THROUGH and n.input and n.input[0] in values and n.output[0] not in values:
             values[n.output[0]] = values[n.input[0]]
     return values
 

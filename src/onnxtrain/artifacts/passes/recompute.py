@@ -56,7 +56,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import ancestors, clone, fresh_name, node_index, used_names
+from onnxtrain.ir.passes import ancestors, clone, constant_values, fresh_name, node_index, used_names
 from onnxtrain.ir.types import TensorInfo, infer_tensor_info
 
 __all__ = ["RecomputeInBackward", "forward_nodes"]
@@ -104,7 +104,11 @@ class RecomputeInBackward(Pass):
             if self.infos is None:
                 return node.output[0] in inferred()
             return bool(node.output[0]) and node.op_type not in _MAY_NOT_MAKE_TENSORS
-        constant_value = _constant_lookup(graph)
+        # the values of small constants, decoded on demand: only a Dropout asks (a CNN's generation decodes none)
+        constants_decoded = functools.cache(lambda: constant_values(graph))
+
+        def constant_value(name: str) -> np.ndarray | None:
+            return constants_decoded().get(name)
         kept = {x for k, xs in enumerate(index.reads) if k not in forward for x in xs if x in producer}
         # a value a subgraph reads stays alive for it: nothing to gain, and the rewrite reads direct inputs only
         captured = {x for k, xs in index.implicit.items() if k not in forward for x in xs}
@@ -267,22 +271,6 @@ def _one_element_constants(graph: onnx.GraphProto) -> set[str]:
                         or (attr.name == "value_floats" and len(attr.floats) == 1)):
                     names.add(node.output[0])
     return names
-
-
-def _constant_lookup(graph: onnx.GraphProto):
-    """name -> the value of that initializer or Constant node (None if neither), decoded on demand: most graphs
-    never ask (a CNN's generation decodes no constant here)."""
-    @functools.cache
-    def protos() -> dict[str, onnx.TensorProto]:
-        found = {i.name: i for i in graph.initializer if not i.external_data}
-        found.update({n.output[0]: a.t for n in graph.node if n.op_type == "Constant"
-                      for a in n.attribute if a.name == "value"})
-        return found
-
-    def value(name: str) -> np.ndarray | None:
-        proto = protos().get(name)
-        return None if proto is None else numpy_helper.to_array(proto)
-    return value
 
 
 def _passes_through(node: onnx.NodeProto, constant_value) -> bool:
