@@ -345,3 +345,58 @@ def test_a_dropout_of_ratio_zero_after_the_normalization_is_recomputed_with_it(t
             feeds = _normalized_feeds(model)
             for got, want in zip(_run(result.model, feeds), _run(model, feeds)):
                 np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+S, HEADS, HEAD = 6, 2, 2  # sequence longer than a head: the probabilities (S x S) are recomputed from q and k
+
+
+def _multi_head_attention() -> onnx.ModelProto:
+    """x -> q, k, v projections split into heads as the exporters write it (Reshape, Transpose), softmax(q k^T) v,
+    heads merged back (Transpose, Reshape), then the output projection Wo, whose weight gradient reads the merged
+    context."""
+    rng = np.random.default_rng(0)
+    width = HEADS * HEAD
+    inits = [numpy_helper.from_array(rng.normal(size=(D, width)).astype(np.float32), w) for w in ("Wq", "Wk", "Wv")]
+    inits += [numpy_helper.from_array(rng.normal(size=(width, 3)).astype(np.float32), "Wo"),
+              numpy_helper.from_array(np.array([0, 0, HEADS, HEAD], np.int64), "heads"),
+              numpy_helper.from_array(np.array([0, 0, width], np.int64), "merged")]
+    nodes = []
+    for name in ("q", "k", "v"):
+        nodes += [helper.make_node("MatMul", ["x", "W" + name], [name]),
+                  helper.make_node("Reshape", [name, "heads"], [name + "_split"]),
+                  helper.make_node("Transpose", [name + "_split"], [name + "_heads"],
+                                   perm=[0, 2, 3, 1] if name == "k" else [0, 2, 1, 3])]
+    nodes += [helper.make_node("MatMul", ["q_heads", "k_heads"], ["scores"]),
+              helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v_heads"], ["context"]),
+              helper.make_node("Transpose", ["context"], ["context_t"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["context_t", "merged"], ["c"]),
+              helper.make_node("MatMul", ["c", "Wo"], ["y"])]
+    graph = helper.make_graph(nodes, "mha", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [N, S, D])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [N, S, 3])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_attention_context_is_recomputed_from_the_recomputed_probabilities(tmp_path):
+    """The output projection's weight gradient reads the context p v; the backward recomputes it with one MatMul of
+    the probabilities it recomputes anyway and the value heads, copied from the projection v (which onnxruntime's
+    transpose optimizer makes the backward's other readers read), not kept from the forward."""
+    with as_built():
+        paths = generate_artifacts(_multi_head_attention(), requires_grad=["Wq", "Wk", "Wv", "Wo"],
+                                   loss=LossType.MSELoss, artifact_directory=tmp_path)
+    model = onnx.load(paths["training"])
+    assert {"p", "c", "v_heads"} <= _backward_reads(model)
+    result = RecomputeInBackward()(model)
+    reads = _backward_reads(result.model)
+    assert not {"p", "c", "context", "context_t", "v_heads"} & reads and "v" in reads
+    copies = [n.op_type for n in result.model.graph.node if n.name.endswith(SUFFIX)]
+    assert copies.count("MatMul") == 2 and copies.count("Softmax") == 1   # q k^T and p v, one softmax
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.normal(size=(N, S, D)).astype(np.float32), "lazy_reset_grad": np.array(True),
+             "target": rng.normal(size=(N, S, 3)).astype(np.float32),
+             **{i.name: numpy_helper.to_array(i) for i in _multi_head_attention().graph.initializer}}
+    for i in model.graph.input:
+        if i.name not in feeds:  # the gradient buffers
+            feeds[i.name] = np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32)
+    for got, want in zip(_run(result.model, feeds), _run(model, feeds)):  # the loss and four gradients
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

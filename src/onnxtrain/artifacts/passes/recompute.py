@@ -33,7 +33,14 @@ Cases handled:
    batch 8, sequence 128, two per layer); one normalization pass over them costs about what a copy does.
 5. A ``Dropout`` that passes its input through (a ratio of 0, or not training) continues a chain like a unary op:
    the embeddings' normalization of a transformers BERT is read through one.
-6. Left alone: a chain that starts at a forward value the backward does not read (keeping it instead would
+6. A batched MatMul of a value recomputed anyway (read by the backward itself) and values the backward keeps or
+   recomputes anyway, continued by ``Reshape``/``Transpose`` nodes (which continue a chain, never start one): the
+   attention context ``p v`` merged back from its heads, which the output projection's weight gradient reads, from
+   the probabilities of case 2 (3 MB per layer of a BERT-base at batch 8, sequence 128, for one batched MatMul
+   of about 1/70 of the layer's forward). The value heads such a product reads are copied too, from the projection
+   they are reshaped and transposed from: onnxruntime's transpose optimizer moves the backward's other reads of
+   them to that projection, and a read of the heads themselves would keep both alive.
+7. Left alone: a chain that starts at a forward value the backward does not read (keeping it instead would
    save nothing) or at a value of unknown rank, values a subgraph of the backward reads, and every other op.
 
 onnxruntime's common-subexpression elimination would merge a copy with its original (same op, same inputs,
@@ -66,9 +73,11 @@ UNARY = frozenset({"Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "Tan
 BINARY_WITH_CONSTANT = frozenset({"Add", "Sub", "Mul", "Div", "Pow"})
 ELEMENTWISE_BINARY = frozenset({"Add", "Sub", "Mul", "Div"})
 NORMALIZATIONS = frozenset({"LayerNormalization"})  # output 0 from input 0 and parameters (inputs 1 and 2)
+LAYOUT = frozenset({"Reshape", "Transpose"})  # continue a chain through input 0, never start one
 SUFFIX = "/recomputed"
 _START = -1  # a chain's first op: reads only values that stay alive anyway
 _JOIN = -2  # a binary op of two variable inputs, each recomputed or kept anyway
+_PRODUCT = -3  # a MatMul of a recomputed value and a value recomputed or kept anyway
 # Ops whose output may be a sequence or an optional (the rest make tensors, in a graph the checker accepts)
 _MAY_NOT_MAKE_TENSORS = frozenset({"SequenceConstruct", "SequenceEmpty", "SequenceInsert", "SequenceErase",
                                    "SplitToSequence", "SequenceMap", "Optional", "OptionalGetElement", "If", "Loop",
@@ -124,6 +133,22 @@ class RecomputeInBackward(Pass):
                 chains[v] = _link(graph.node[producer[v]], v) if v in producer and v not in captured else None
             return chains[v] is not None
 
+        def relaid(x: str) -> bool:
+            """Whether the forward value ``x`` is made by Reshape and Transpose nodes from a forward value of known
+            rank (attention's value heads), and if so, copy those too: onnxruntime moves the backward's other reads
+            of ``x`` to that value, which a read of ``x`` itself would keep alive beside it."""
+            node = graph.node[producer[x]]
+            if node.op_type not in LAYOUT or x in captured or len(node.output) != 1:
+                return False
+            y = node.input[0]
+            if y in producer and (recomputable(y) or relaid(y)):
+                chains[x] = 0
+            elif y in producer and y not in captured and _rank(infos(y), y) >= 0:
+                chains[x] = _START
+            else:
+                return False
+            return True
+
         def elementwise(v: str) -> bool:
             """Whether the recomputable ``v``'s chain has no MatMul (a join recomputes no product)."""
             node, k = graph.node[producer[v]], chains[v]
@@ -143,8 +168,15 @@ class RecomputeInBackward(Pass):
             elif len(node.output) != 1:
                 return None
             if node.op_type == "MatMul":  # batched, of two activations: not a projection by a weight
-                ok = all(x in producer and _rank(infos(x), x) >= 3 and not recomputable(x) for x in node.input)
-                return _START if ok and all(x in kept or _smaller(infos(x, v), x, v) for x in node.input) else None
+                if not all(x in producer and _rank(infos(x), x) >= 3 for x in node.input):
+                    return None
+                if any(recomputable(x) for x in node.input):  # each input's copy or original is there anyway
+                    return _PRODUCT if all(x in kept and (recomputable(x) or relaid(x)) or stays(x)
+                                           for x in node.input) else None
+                return _START if all(x in kept or _smaller(infos(x, v), x, v) for x in node.input) else None
+            if node.op_type in LAYOUT:
+                x = node.input[0]
+                return 0 if x in producer and recomputable(x) else None
             if (node.op_type in ELEMENTWISE_BINARY and len(node.input) == 2
                     and not any(x in constants for x in node.input)):
                 ok = all((x in producer and recomputable(x) and elementwise(x))
@@ -213,10 +245,12 @@ class RecomputeInBackward(Pass):
             if k == _JOIN:
                 node.input[:] = [copy_of(x) if chains.get(x) is not None else same_shape(x, node.name)
                                  for x in node.input]
+            elif k == _PRODUCT:  # the copied input makes it wait and keeps it apart from the original
+                node.input[:] = [copy_of(x) if chains.get(x) is not None else x for x in node.input]
             elif k != _START:
                 node.input[k] = copy_of(node.input[k])
             else:
-                j = 0 if node.op_type == "MatMul" else _variable_input(original, constants)
+                j = 0 if node.op_type == "MatMul" or node.op_type in LAYOUT else _variable_input(original, constants)
                 node.input[j] = same_shape(node.input[j], node.name)
             del node.output[:]
             node.output.append(unique(v + SUFFIX))
