@@ -1660,4 +1660,38 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     Spec("smp_fpn", "segmentation_models_pytorch", _smp("FPN", "mobilenet_v2", decoder_pyramid_channels=32,
                                                         decoder_segmentation_channels=32, decoder_dropout=0.0),
          _image, _full_size_pixel_classes, (64, 96), IMAGE_AXES, batches=(2, 3), output_axes=IMAGE_AXES),
+    # probed on 2026-11-29 (session 25): rotary embeddings, GeGLU, alternating global and sliding-window attention
+    _text("modernbert", _hf("ModernBertForSequenceClassification", "ModernBertConfig", vocab_size=VOCAB,
+                            max_position_embeddings=32, pad_token_id=0, global_attn_every_n_layers=2,
+                            local_attention=4, embedding_dropout=0.0, attention_dropout=0.0, mlp_dropout=0.0,
+                            classifier_dropout=0.0, attn_implementation="eager", reference_compile=False,
+                            **_SMALL_HF)),
+    # RMSNorm of each head's queries and keys (QK-norm), grouped-query attention
+    _text("qwen3", _hf("Qwen3ForSequenceClassification", "Qwen3Config", vocab_size=VOCAB, hidden_size=16,
+                       intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                       head_dim=8, max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0,
+                       attn_implementation="eager")),
+    # a mixture of experts: a softmax router, top-2 experts per token, each token's expert weights gathered
+    # (transformers' batched_mm experts: its default grouped_mm counts tokens per expert with torch.histc, which
+    # neither exporter writes)
+    _text("qwen3_moe", _hf("Qwen3MoeForSequenceClassification", "Qwen3MoeConfig", vocab_size=VOCAB, hidden_size=16,
+                           intermediate_size=32, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                           max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0,
+                           attn_implementation="eager", experts_implementation="batched_mm")),
+    # normalization after attention and MLP (not before), QK-norm over the whole projection
+    _text("olmo2", _hf("Olmo2ForSequenceClassification", "Olmo2Config", vocab_size=VOCAB, hidden_size=16,
+                       intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                       max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0,
+                       attn_implementation="eager")),
+    # layers without position embeddings (NoPE) between rotary ones
+    _text("smollm3", _hf("SmolLM3ForSequenceClassification", "SmolLM3Config", vocab_size=VOCAB, hidden_size=16,
+                         intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0, no_rope_layer_interval=2,
+                         attn_implementation="eager")),
+    # a hierarchical ViT with mask-unit attention and unrolled patches (no relative positions)
+    _vision("hiera", "transformers", _hf("HieraForImageClassification", "HieraConfig", embed_dim=8,
+                                         image_size=[64, 64], patch_size=[7, 7], patch_stride=[4, 4],
+                                         patch_padding=[3, 3], depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2],
+                                         num_labels=CLASSES, drop_path_rate=0.0), sizes=(64, None), axes={}),
 ]}
