@@ -61,3 +61,40 @@ def conv_bn(channels: int = 4, classes: int = 3, seed: int = 0, dropout: bool = 
     nodes.append(helper.make_node("Gemm", [last, "fc.weight", "fc.bias"], ["output"], transB=1))
     return _model(nodes, [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 2, 6, 6])],
                   [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", classes])], weights)
+
+
+# position_classifier's sizes: its table has POSITIONS rows
+VOCAB, POSITIONS, WIDTH, CLASSES = 20, 8, 4, 3
+
+
+def position_classifier(positions: str) -> onnx.ModelProto:
+    """ids [batch, sequence] -> token + position embeddings -> mean over the sequence -> Gemm. ``positions``:
+    "slice" (a BERT: position ids [1, POSITIONS] sliced to the sequence length, read from the ids' shape) or
+    "range" (a GPT-2: range(0, sequence) gathered, the length read from the token embeddings' shape)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(VOCAB, WIDTH)).astype(np.float32), "tokens"),
+             numpy_helper.from_array(rng.normal(size=(POSITIONS, WIDTH)).astype(np.float32), "positions"),
+             numpy_helper.from_array(rng.normal(size=(CLASSES, WIDTH)).astype(np.float32), "fc"),
+             numpy_helper.from_array(np.arange(POSITIONS, dtype=np.int64)[None], "position_ids"),
+             numpy_helper.from_array(np.array([1], np.int64), "one"), numpy_helper.from_array(np.array([0], np.int64),
+                                                                                           "zero"),
+             numpy_helper.from_array(np.array(0, np.int64), "zero_scalar"),
+             numpy_helper.from_array(np.array(1, np.int64), "one_scalar")]
+    nodes = [helper.make_node("Gather", ["tokens", "ids"], ["t"])]
+    if positions == "slice":
+        nodes += [helper.make_node("Shape", ["ids"], ["shape"]), helper.make_node("Gather", ["shape", "one"], ["n"]),
+                  helper.make_node("Slice", ["position_ids", "zero", "n", "one"], ["pid"]),
+                  helper.make_node("Gather", ["positions", "pid"], ["p"])]
+    else:
+        nodes += [helper.make_node("Shape", ["t"], ["shape"]),
+                  helper.make_node("Gather", ["shape", "one_scalar"], ["n"], axis=0),
+                  helper.make_node("Range", ["zero_scalar", "n", "one_scalar"], ["pid"]),
+                  helper.make_node("Gather", ["positions", "pid"], ["p"])]
+    nodes += [helper.make_node("Add", ["t", "p"], ["e"]),
+              helper.make_node("ReduceMean", ["e"], ["m"], axes=[1], keepdims=0),
+              helper.make_node("Gemm", ["m", "fc"], ["logits"], transB=1)]
+    graph = helper.make_graph(nodes, positions, [helper.make_tensor_value_info("ids", TensorProto.INT64,
+                                                                               ["batch", "sequence"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])],
+                              initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

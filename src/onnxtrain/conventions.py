@@ -93,6 +93,16 @@ def _pair(value: object) -> tuple[str, str]:
     return fresh, accumulated
 
 
+def _size_limit(value: object) -> dict[str, str | int]:
+    if not isinstance(value, dict):
+        raise TypeError("expected an object")
+    limit = {"input": value["input"], "axis": value["axis"], "limit": value["limit"], "table": value["table"]}
+    if not (isinstance(limit["input"], str) and isinstance(limit["table"], str)
+            and all(isinstance(limit[k], int) and not isinstance(limit[k], bool) for k in ("axis", "limit"))):
+        raise TypeError("expected input and table names and integer axis and limit")
+    return limit
+
+
 @dataclass(frozen=True)
 class TrainingMeta:
     """The interface of the training and eval models: which graph inputs the user feeds, which are
@@ -114,6 +124,10 @@ class TrainingMeta:
             "" when unknown (a custom loss block, the model's own loss, artifacts of older versions).
         loss_type: the built-in loss (its ``LossType`` name, e.g. "BCEWithLogitsLoss"), "" when the loss is a
             custom block or the model's own, or in artifacts of older versions (tools pick default metrics by it).
+        size_limits: the user inputs' dimensions that index a table of fixed length (a transformer's sequence
+            length and its position table), each ``{"input", "axis", "limit", "table"}``: what a failed run's
+            error names when an input was longer (runtime/size_limits.py; the JavaScript runtime reads them from
+            here). Empty in artifacts of older versions.
     """
 
     user_inputs: list[str]
@@ -127,6 +141,7 @@ class TrainingMeta:
     accumulation: dict[str, tuple[str, str]] = field(default_factory=dict)
     loss_reduction: str = ""
     loss_type: str = ""
+    size_limits: list[dict[str, str | int]] = field(default_factory=list)
 
     def to_props(self) -> dict[str, str]:
         """The ``metadata_props`` entries that carry this description."""
@@ -144,6 +159,7 @@ class TrainingMeta:
             accumulation = {str(p): _pair(v) for p, v in raw.get("accumulation", {}).items()}
             return cls(loss=str(raw.get("loss", "")), accumulation=accumulation,
                        loss_reduction=str(raw.get("loss_reduction", "")), loss_type=str(raw.get("loss_type", "")),
+                       size_limits=[_size_limit(v) for v in raw.get("size_limits", [])],
                        **{k: _strings(raw[k]) for k in ("user_inputs", "labels", "additional_outputs", "trainable",
                                                          "frozen", "buffers", "model_outputs")})
         except (ValueError, KeyError, TypeError, AttributeError):

@@ -7,7 +7,8 @@ BatchNorm running statistics), ``OUT_DIR/<case>/`` with the
 artifacts generate_artifacts writes, the train-step model (``write_train_step_model``), ``data.safetensors``
 (the batches ``x/<i>``, ``y/<i>`` and an eval batch), ``expected.ckpt`` (Python's CheckpointState after the
 steps, optimizer state included) and ``reference.safetensors`` (the loss of every step, the eval loss and
-outputs). ``resume/`` holds the mid-training checkpoint ``half.ckpt`` of ``cnn_adamw`` for the resume test.
+outputs). ``resume/`` holds the mid-training checkpoint ``half.ckpt`` of ``cnn_adamw`` for the resume test;
+``positions_slice/`` and ``positions_range/`` the artifacts of a model with a position table (size-limit errors).
 ``cases.json`` lists every case with its learning rate and step count. Everything is small and built in a few
 seconds, so nothing large is committed: the tests call this script.
 """
@@ -129,9 +130,23 @@ def write_peer_case(out: Path) -> None:
                     include_optimizer_state=True)
 
 
+def write_position_cases(out: Path) -> None:
+    """``positions_slice/`` and ``positions_range/``: artifacts of a classifier over token and position
+    embeddings whose position table has ``POSITIONS`` rows, indexed as a BERT (a slice) or a GPT-2 (a range) does
+    (tests.models.position_classifier): a longer sequence fails in the engine."""
+    sys.path.insert(0, str(ROOT))
+    from onnxtrain.artifacts import LossType, generate_artifacts
+    from tests.models import position_classifier
+
+    for positions in ("slice", "range"):
+        generate_artifacts(position_classifier(positions), requires_grad=["tokens", "positions", "fc"],
+                           loss=LossType.CrossEntropyLoss, artifact_directory=out / f"positions_{positions}")
+
+
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_peer_case(out)
+    write_position_cases(out)
     cases = {case: write_case(out, case) for case in CASES}
     cases["_resume"] = {"case": RESUME_CASE, "from_step": CASES[RESUME_CASE][3] // 2}
     (out / "cases.json").write_text(json.dumps(cases, indent=1))

@@ -87,7 +87,7 @@ def test_node_and_wasm(fixtures):
 
 def test_input_and_engine_errors(fixtures):
     """Labels checked before a run (as runtime/inputs.py does) and engine failures named (as engine_errors.py)."""
-    run_node_tests(fixtures, "test/input-checks.test.js", "test/engine-errors.test.js")
+    run_node_tests(fixtures, "test/input-checks.test.js", "test/engine-errors.test.js", "test/size-limits.test.js")
 
 
 def test_chromium(fixtures):

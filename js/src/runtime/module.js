@@ -143,7 +143,7 @@ export class Module {
     const state = this.state;
     this._resetFlag[0] = this._resetPending ? 1 : 0;
     const userFeeds = checkFeeds(this._inputs.train, feeds, 'training step', this._labels.train);
-    const how = { runOptions, hasLabels: Object.keys(this._labels.train).length > 0 };
+    const how = { runOptions, hasLabels: Object.keys(this._labels.train).length > 0, sizeLimits: this.meta.size_limits };
     const fused = this._fusing() ? this._trainStep : null;
     this._prepared = null;
     let outputs;
@@ -183,7 +183,8 @@ export class Module {
     if (!this._eval) throw new Error('this Module has no eval model: pass evalModel to create() to evaluate');
     const inputs = checkFeeds(this._inputs.eval, feeds, 'eval step', this._labels.eval);
     for (const name of this._eval.inputNames) if (!(name in inputs)) inputs[name] = this._stateFeeds[name];
-    return run(this._eval, inputs, 'eval step', { runOptions, hasLabels: Object.keys(this._labels.eval).length > 0 });
+    return run(this._eval, inputs, 'eval step', { runOptions, hasLabels: Object.keys(this._labels.eval).length > 0,
+      sizeLimits: this.meta.size_limits });
   }
 
   /** Fuse when a train-step model applies and the last cycle had one training call per optimizer step (an
@@ -304,17 +305,32 @@ const LABEL_READERS = new Set(['OneHot', 'GatherElements']);
 /**
  * session.run(); an engine failure is an ExecutionError naming the step, the op and the node, as Python's
  * runtime/engine_errors.py.
- * @param {{runOptions?: object, hasLabels?: boolean}} how onnxruntime RunOptions; whether the graph has class labels
+ * @param {{runOptions?: object, hasLabels?: boolean, sizeLimits?: object[]}} how onnxruntime RunOptions; whether
+ *   the graph has class labels; the inputs' dimensions that index a table of fixed length (the training metadata's
+ *   size_limits, written by generate_artifacts), which a failure explains first
  */
-export async function run(session, feeds, what, { runOptions = undefined, hasLabels = false } = {}) {
+export async function run(session, feeds, what, { runOptions = undefined, hasLabels = false, sizeLimits = [] } = {}) {
   try {
     return await (runOptions === undefined ? session.run(feeds) : session.run(feeds, [...session.outputNames], runOptions));
   } catch (error) {
     const message = String(error?.message ?? error);
     const node = NODE.exec(message);
     const where = node ? ` in a ${node[1]} node${node[2] ? ` ('${node[2]}')` : ''}` : '';
-    throw new ExecutionError(`the ${what} failed${where}: ${engineMessage(message)} (${hint(node?.[1], message, hasLabels)})`);
+    const explained = exceeded(sizeLimits ?? [], feeds) || hint(node?.[1], message, hasLabels);
+    throw new ExecutionError(`the ${what} failed${where}: ${engineMessage(message)} (${explained})`);
   }
+}
+
+/** A sentence naming the first fed input longer than a table it indexes, or '' (as runtime/size_limits.py). */
+export function exceeded(sizeLimits, feeds) {
+  for (const { input, axis, limit, table } of sizeLimits) {
+    const length = feeds[input]?.dims?.[axis];
+    if (length !== undefined && Number(length) > limit) {
+      return `input '${input}' is ${length} long on axis ${axis}, and the model indexes a table of ${limit} `
+        + `('${table}') by that length: it takes at most ${limit} there, for a transformer its longest sequence`;
+    }
+  }
+  return '';
 }
 
 /** The class-label hint only where labels are read, and an index hint where another index is. */

@@ -6,7 +6,7 @@ import copy
 import logging
 import warnings
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import onnx
@@ -33,6 +33,7 @@ from onnxtrain.ir.passes import (
     used_names,
 )
 from onnxtrain.ir.types import TensorInfo, infer_from_inputs, infer_tensor_info, redeclare, value_info
+from onnxtrain.runtime.size_limits import size_limits
 
 __all__ = ["TrainingGraphs", "build_graphs"]
 
@@ -501,6 +502,8 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
         additional_outputs=list(extras), trainable=list(plan.trainable), frozen=list(plan.frozen),
         buffers=list(plan.buffers), model_outputs=list(output_names), accumulation=accumulation,
         loss_reduction=loss.batch_reduction, loss_type=_builtin_loss_name(loss),
+        size_limits=[asdict(limit) for limit in size_limits(full, infos)
+                     if limit.input in {i.name for i in user_inputs}],
     ).to_props()
     training = _model(model, train_graph, meta)
     declare_class_scores(training, infos)
