@@ -468,10 +468,11 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
         forward_nodes = _copy_nodes(full.node)
 
     full_names = used_names(full)
+    constants = constant_values(full)
     gb = GraphBuilder(default_opset(model), taken=full_names, prefix="grad/")
     wrt = [*plan.trainable, *plan.inputs]
     try:
-        grads = build_gradients(forward_nodes, loss_name, wrt, gb, infos, constants=constant_values(full))
+        grads = build_gradients(forward_nodes, loss_name, wrt, gb, infos, constants=constants)
     except UnknownShapeError as exc:
         shapeless = [i.name for i in user_inputs if not i.type.tensor_type.HasField("shape")]
         if not shapeless:
@@ -502,7 +503,7 @@ def build_graphs(model: onnx.ModelProto, weights: dict[str, np.ndarray], plan: P
         additional_outputs=list(extras), trainable=list(plan.trainable), frozen=list(plan.frozen),
         buffers=list(plan.buffers), model_outputs=list(output_names), accumulation=accumulation,
         loss_reduction=loss.batch_reduction, loss_type=_builtin_loss_name(loss),
-        size_limits=[asdict(limit) for limit in size_limits(full, infos)
+        size_limits=[asdict(limit) for limit in size_limits(full, infos, constants)
                      if limit.input in {i.name for i in user_inputs}],
     ).to_props()
     training = _model(model, train_graph, meta)

@@ -36,13 +36,15 @@ class SizeLimit:
     table: str
 
 
-def size_limits(graph: onnx.GraphProto, infos: Mapping[str, TensorInfo] | None = None) -> tuple[SizeLimit, ...]:
+def size_limits(graph: onnx.GraphProto, infos: Mapping[str, TensorInfo] | None = None,
+                constants: Mapping[str, np.ndarray] | None = None) -> tuple[SizeLimit, ...]:
     """The Slices of ``graph`` (top level) that cut a table of fixed length at a graph input's dimension from 0,
     and the Gathers that read ``range(0, dimension)`` from one. ``infos`` (the graph's inferred shapes, symbolic)
-    also find a dimension read from an intermediate value's shape."""
+    also find a dimension read from an intermediate value's shape; ``constants``, the graph's small constants
+    (``ir.passes.constant_values``) when the caller has them already."""
     infos = infos or {}
     producer = {o: n for n in graph.node for o in n.output if o}
-    values = _small_constants(graph)
+    values = _small_constants(graph, constants)
     dims = {i.name: list(i.dims) for i in graph.initializer}
     dims.update({n.output[0]: list(a.t.dims) for n in graph.node if n.op_type == "Constant"
                  for a in n.attribute if a.name == "value"})
@@ -89,10 +91,10 @@ def exceeded(limits: tuple[SizeLimit, ...], feeds: Mapping[str, object]) -> str:
     return ""
 
 
-def _small_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    """The graph's small constants (ir.passes.constant_values), also as read through a Reshape or a Cast
-    (torch.export's slice bounds)."""
-    values = constant_values(graph)
+def _small_constants(graph: onnx.GraphProto, constants: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """The graph's small constants (ir.passes.constant_values, unless given), also as read through a Reshape or a
+    Cast (torch.export's slice bounds)."""
+    values = dict(constants) if constants is not None else constant_values(graph)
     for n in graph.node:
         if n.op_type in _PASS_THROUGH and n.input and n.input[0] in values and n.output[0] not in values:
             values[n.output[0]] = values[n.input[0]]
