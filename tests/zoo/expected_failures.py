@@ -70,6 +70,9 @@ _TWINS_DYNAMO = "ConversionError: Failed to convert the exported program to an O
 _LAYOUTLMV3_DYNAMO = "ConversionError: Failed to decompose the FX graph for ONNX compatibility."
 # inference-mode BatchNorm on a random network (as EfficientNet-B0's): AdamW at the harness's learning rate diverges
 _VISFORMER_EVAL_DIVERGES = "AssertionError: loss did not decrease in 20 AdamW steps: 1.808 -> 94.72"
+# Probed on 2026-11-29 (session 25): as EfficientNet-B0's, inference-mode BatchNorm on a random StarNet (its
+# gradients match torch at both batches and sizes; the training-mode export trains)
+_STARNET_EVAL_DIVERGES = "AssertionError: loss did not decrease in 20 AdamW steps: 1.727 -> 4850"
 # as T5's: torch.export decomposes timm MaxViT's window partition into a view of a transposed tensor, which a symbolic
 # batch cannot prove contiguous
 _MAXVIT_RW_DYNAMO = ("ConversionError: Failed to decompose the FX graph for ONNX compatibility. ... ValueError: Cannot "
@@ -212,4 +215,5 @@ EXPECTED_FAILURES: dict[tuple[str, ...], str] = {
     ("adaptive_pool_uneven", "dynamo", "size"): _ADAPTIVE_POOL_DYNAMO,
     ("adaptive_pool_uneven", "dynamo", "exports"): _ADAPTIVE_POOL_DYNAMO_EXPORTS,
     ("smp_fpn", "torchscript-train"): _FPN_TRAINING_DROPOUT,
+    **{("starnet_s1", e, "trains"): _STARNET_EVAL_DIVERGES for e in ("torchscript-eval", "dynamo")},
 }

@@ -1694,4 +1694,13 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
                                          image_size=[64, 64], patch_size=[7, 7], patch_stride=[4, 4],
                                          patch_padding=[3, 3], depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2],
                                          num_labels=CLASSES, drop_path_rate=0.0), sizes=(64, None), axes={}),
+    # sliding-window layers between global ones, QK-norm, RMSNorm by (1 + weight) around attention and MLP
+    _text("gemma3_text", _hf("Gemma3TextForSequenceClassification", "Gemma3TextConfig", vocab_size=VOCAB,
+                             hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                             num_key_value_heads=1, head_dim=8, max_position_embeddings=32, num_labels=CLASSES,
+                             pad_token_id=0, sliding_window=4, attn_implementation="eager")),
+    # element-wise products of two branches ("star" operation), depthwise convolutions with BatchNorm
+    _vision("starnet_s1", "timm", _timm("starnet_s1")),
+    # re-parameterizable ghost modules: a BatchNorm identity branch beside a depthwise convolution in training
+    _vision("repghostnet_050", "timm", _timm("repghostnet_050")),
 ]}
