@@ -112,3 +112,30 @@ def test_the_update_holds_a_chunk_not_a_vector_per_temporary(tmp_path):
     prefix = FusedNames.of_fused(fused).prefix
     assert 0 < max(_largest_values(fused, prefix).values()) <= chunk
     assert total not in _largest_values(fused).values()
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="reads Linux's /proc/self/status")
+def test_loading_a_checkpoint_never_holds_its_parameters_twice(tmp_path):
+    """The arrays read from the file go one by one into the flat parameter vector: at most one of them is resident
+    beside it (before, every array was, until the state was built: a second copy of the model while loading).
+    Measured as the resident peak (VmHWM) of a fresh process; untouched zeros (the gradients) are not resident."""
+    import subprocess
+    import sys
+
+    from onnxtrain.checkpoint import CheckpointData, save_checkpoint
+
+    count, mib = 8, 16  # eight tensors of 16 MiB
+    rng = np.random.default_rng(0)
+    trainable = {f"w{k}": rng.normal(size=(mib << 18,)).astype(np.float32) for k in range(count)}
+    save_checkpoint(CheckpointData(trainable=trainable), tmp_path / "ckpt")
+    script = (
+        "import sys\nfrom onnxtrain.api import CheckpointState\n"
+        "def status():\n    return {l.split(':')[0]: int(l.split()[1]) >> 10 for l in open('/proc/self/status')"
+        " if l.startswith(('VmRSS', 'VmHWM'))}\n"
+        "before = status()['VmRSS']\nstate = CheckpointState.load_checkpoint(sys.argv[1])\nafter = status()\n"
+        "print(after['VmHWM'] - before, after['VmRSS'] - before)\n")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ckpt")], capture_output=True, text=True,
+                         check=True).stdout.split()
+    peak, resident = int(out[0]), int(out[1])
+    assert resident >= count * mib - 2   # the parameters
+    assert peak - resident < 2 * mib, f"loading peaked {peak - resident} MiB above the {resident} MiB it keeps"

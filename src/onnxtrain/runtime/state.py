@@ -218,12 +218,12 @@ class CheckpointState:
         parameters, buffers, properties: the peer's views by name.
     """
 
-    def __init__(self, data: CheckpointData):
-        if not isinstance(data, CheckpointData):
+    def __init__(self, data: CheckpointData | TrainingValues):
+        if not isinstance(data, (CheckpointData, TrainingValues)):
             raise TypeError(f"CheckpointState() takes CheckpointData, got {type(data).__name__}; to read a checkpoint "
                             "file use CheckpointState.load_checkpoint(path) (CheckpointState(path) is the API of "
                             "onnxruntime-training before 1.15)")
-        self.values = TrainingValues(data)
+        self.values = data if isinstance(data, TrainingValues) else TrainingValues(data)
         self.parameters = Parameters(self.values)
         self.buffers = Buffers(self.values)
         self.properties = Properties(self.values.properties)
@@ -241,7 +241,8 @@ class CheckpointState:
     @classmethod
     def load_checkpoint(cls, checkpoint_uri: str | os.PathLike) -> CheckpointState:
         """Load a checkpoint file written by generate_artifacts or save_checkpoint."""
-        return cls(load_checkpoint(_checkpoint_path(checkpoint_uri, "load_checkpoint")))
+        # the arrays read from the file belong to this state alone: each goes once copied into the flat vector
+        return cls(TrainingValues(load_checkpoint(_checkpoint_path(checkpoint_uri, "load_checkpoint")), owned=True))
 
     @classmethod
     def save_checkpoint(cls, state: CheckpointState, checkpoint_uri: str | os.PathLike,

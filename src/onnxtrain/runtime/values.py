@@ -48,7 +48,10 @@ class TrainingValues:
             constants is valid only for the version it was opened with.
     """
 
-    def __init__(self, data: CheckpointData):
+    def __init__(self, data: CheckpointData, owned: bool = False):
+        """``owned``: ``data`` was read for these values alone (from a checkpoint file), so each trainable array is
+        dropped from it once copied into the flat vector: the file's arrays and the vector are never both whole in
+        memory (one copy of the parameters more while loading, 427 MB on a BERT-base)."""
         nominal = data.nominal
         if nominal:
             data = data.materialize()
@@ -59,8 +62,11 @@ class TrainingValues:
         # (``out = buffer + g``, whose only reader of ``buffer`` is that Add), so it can be read and written in
         # the same run; nothing ever throws a gradient away (docs/memory.md).
         self.grads = FlatStorage(layout, dtype, copies=1)
-        for name, value in data.trainable.items():
-            self.params.views()[name][...] = value
+        views = self.params.views()
+        for name in list(data.trainable):
+            views[name][...] = data.trainable[name]
+            if owned and not nominal:
+                del data.trainable[name]
         self.frozen = {n: np.asarray(a, order="C") for n, a in data.frozen.items()}
         self.buffers = {n: np.asarray(a, order="C") for n, a in data.buffers.items()}
         self.properties = dict(data.properties)
