@@ -139,3 +139,36 @@ def test_loading_a_checkpoint_never_holds_its_parameters_twice(tmp_path):
     peak, resident = int(out[0]), int(out[1])
     assert resident >= count * mib - 2   # the parameters
     assert peak - resident < 2 * mib, f"loading peaked {peak - resident} MiB above the {resident} MiB it keeps"
+
+
+def test_a_resumed_optimizer_state_is_not_kept_beside_its_vectors(tmp_path):
+    """The moments read from a checkpoint go into the optimizer's flat vectors; the arrays read are then let go
+    (they stayed referenced for the whole run: two more copies of the parameters for a resumed AdamW)."""
+    import gc
+    import weakref
+
+    from onnxtrain.checkpoint import load_checkpoint
+
+    generate_artifacts(models.mlp(), requires_grad=None, loss=LossType.CrossEntropyLoss,
+                       optimizer=blocks.AdamW(), artifact_directory=tmp_path)
+    x, y = np.ones((4, 8), np.float32), np.array([0, 1, 2, 3])
+    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    module = Module(tmp_path / "training_model.onnx", state, tmp_path / "eval_model.onnx")
+    optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    module(x, y)
+    optimizer.step()
+    CheckpointState.save_checkpoint(state, tmp_path / "resume.ckpt", include_optimizer_state=True)
+
+    data = load_checkpoint(tmp_path / "resume.ckpt")
+    saved = [weakref.ref(a) for states in data.optimizer.values() for a in states.values()]
+    moment = next(iter(data.optimizer.values()))["exp_avg"].copy()
+    resumed = CheckpointState(data)
+    del data
+    module = Module(tmp_path / "training_model.onnx", resumed, tmp_path / "eval_model.onnx")
+    optimizer = Optimizer(tmp_path / "optimizer_model.onnx", module)
+    gc.collect()
+    assert saved and all(ref() is None for ref in saved)
+    assert np.array_equal(resumed.values.optimizer_states(("exp_avg", "exp_avg_sq"))["exp_avg"].current[:moment.size],
+                          moment.reshape(-1))
+    module(x, y)
+    optimizer.step()   # trains on from the resumed moments

@@ -73,7 +73,8 @@ class TrainingValues:
         self.version = 0
         self.frozen_version = 0
         self._step = data.step
-        self._saved_optimizer = data.optimizer       # from the checkpoint, until an optimizer takes it
+        # from the checkpoint, until an optimizer takes it (each array is then let go: None)
+        self._saved_optimizer = {p: dict(states) for p, states in data.optimizer.items()}
         self._optimizer_states: dict[str, FlatStorage] = {}
         # Parameters of a nominal checkpoint that hold no value yet (set_flat_parameters loads them).
         self.unloaded: set[str] = {*data.trainable, *data.frozen} if nominal else set()
@@ -243,6 +244,9 @@ class TrainingValues:
             if self._saved_optimizer:
                 for p, view in storage.views().items():
                     view[...] = self._saved_optimizer[p][s]
+                    # copied: the checkpoint's array is not kept beside the vector (2 copies of the parameters
+                    # for AdamW's moments, for as long as a resumed run lasted); the name stays for the checks
+                    self._saved_optimizer[p][s] = None
             self._optimizer_states[s] = storage
         return {s: self._optimizer_states[s] for s in state_names}
 
