@@ -171,8 +171,12 @@ class RecomputeInBackward(Pass):
                 if not all(x in producer and _rank(infos(x), x) >= 3 for x in node.input):
                     return None
                 if any(recomputable(x) for x in node.input):  # each input's copy or original is there anyway
-                    return _PRODUCT if all(x in kept and (recomputable(x) or relaid(x)) or stays(x)
-                                           for x in node.input) else None
+                    if not all(x in kept for x in node.input):
+                        return None
+                    for x in node.input:  # value heads: copied from the projection (see relaid)
+                        if not recomputable(x):
+                            relaid(x)
+                    return _PRODUCT
                 return _START if all(x in kept or _smaller(infos(x, v), x, v) for x in node.input) else None
             if node.op_type in LAYOUT:
                 x = node.input[0]
