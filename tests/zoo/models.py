@@ -338,6 +338,10 @@ def _full_size_pixel_classes(inputs, rng):
 
 _SMALL_HF = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
                  num_labels=CLASSES)
+# a small decoder-only language model with grouped-query attention (one key/value head), eager attention
+_SMALL_DECODER = dict(vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32, num_labels=CLASSES,
+                      pad_token_id=0, attn_implementation="eager")
 
 
 def _mel(batch, size, rng):
@@ -1414,10 +1418,7 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
                          sliding_window=4, max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0,
                          attn_implementation="eager")),
     # RMSNorm by (1 + weight), embeddings scaled by sqrt(hidden), GELU-gated MLP
-    _text("gemma", _hf("GemmaForSequenceClassification", "GemmaConfig", vocab_size=VOCAB, hidden_size=16,
-                       intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                       head_dim=8, max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0,
-                       attn_implementation="eager")),
+    _text("gemma", _hf("GemmaForSequenceClassification", "GemmaConfig", head_dim=8, **_SMALL_DECODER)),
     # rotary embeddings on interleaved pairs (rotate_every_two) over part of each head, parallel attention and MLP
     _text("gptj", _hf("GPTJForSequenceClassification", "GPTJConfig", vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2,
                       rotary_dim=4, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0,
@@ -1667,38 +1668,26 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
                             classifier_dropout=0.0, attn_implementation="eager", reference_compile=False,
                             **_SMALL_HF)),
     # RMSNorm of each head's queries and keys (QK-norm), grouped-query attention
-    _text("qwen3", _hf("Qwen3ForSequenceClassification", "Qwen3Config", vocab_size=VOCAB, hidden_size=16,
-                       intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                       head_dim=8, max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0,
-                       attn_implementation="eager")),
+    _text("qwen3", _hf("Qwen3ForSequenceClassification", "Qwen3Config", head_dim=8, **_SMALL_DECODER)),
     # a mixture of experts: a softmax router, top-2 experts per token, each token's expert weights gathered
     # (transformers' batched_mm experts: its default grouped_mm counts tokens per expert with torch.histc, which
     # neither exporter writes)
-    _text("qwen3_moe", _hf("Qwen3MoeForSequenceClassification", "Qwen3MoeConfig", vocab_size=VOCAB, hidden_size=16,
-                           intermediate_size=32, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
-                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-                           max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0,
-                           attn_implementation="eager", experts_implementation="batched_mm")),
+    _text("qwen3_moe", _hf("Qwen3MoeForSequenceClassification", "Qwen3MoeConfig", moe_intermediate_size=16,
+                           num_experts=4, num_experts_per_tok=2, head_dim=8, experts_implementation="batched_mm",
+                           **_SMALL_DECODER)),
     # normalization after attention and MLP (not before), QK-norm over the whole projection
-    _text("olmo2", _hf("Olmo2ForSequenceClassification", "Olmo2Config", vocab_size=VOCAB, hidden_size=16,
-                       intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                       max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0,
-                       attn_implementation="eager")),
+    _text("olmo2", _hf("Olmo2ForSequenceClassification", "Olmo2Config", **_SMALL_DECODER)),
     # layers without position embeddings (NoPE) between rotary ones
-    _text("smollm3", _hf("SmolLM3ForSequenceClassification", "SmolLM3Config", vocab_size=VOCAB, hidden_size=16,
-                         intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                         max_position_embeddings=32, num_labels=CLASSES, pad_token_id=0, no_rope_layer_interval=2,
-                         attn_implementation="eager")),
+    _text("smollm3", _hf("SmolLM3ForSequenceClassification", "SmolLM3Config", no_rope_layer_interval=2,
+                         **_SMALL_DECODER)),
     # a hierarchical ViT with mask-unit attention and unrolled patches (no relative positions)
     _vision("hiera", "transformers", _hf("HieraForImageClassification", "HieraConfig", embed_dim=8,
                                          image_size=[64, 64], patch_size=[7, 7], patch_stride=[4, 4],
                                          patch_padding=[3, 3], depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2],
                                          num_labels=CLASSES, drop_path_rate=0.0), sizes=(64, None), axes={}),
     # sliding-window layers between global ones, QK-norm, RMSNorm by (1 + weight) around attention and MLP
-    _text("gemma3_text", _hf("Gemma3TextForSequenceClassification", "Gemma3TextConfig", vocab_size=VOCAB,
-                             hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                             num_key_value_heads=1, head_dim=8, max_position_embeddings=32, num_labels=CLASSES,
-                             pad_token_id=0, sliding_window=4, attn_implementation="eager")),
+    _text("gemma3_text", _hf("Gemma3TextForSequenceClassification", "Gemma3TextConfig", head_dim=8, sliding_window=4,
+                             **_SMALL_DECODER)),
     # element-wise products of two branches ("star" operation), depthwise convolutions with BatchNorm
     _vision("starnet_s1", "timm", _timm("starnet_s1")),
     # re-parameterizable ghost modules: a BatchNorm identity branch beside a depthwise convolution in training
