@@ -60,8 +60,10 @@ def initial_model(spec: Spec):
             if name.endswith("running_var"):
                 t.copy_(torch.rand_like(t) + 0.5)
             else:
-                # the std of a 0-d tensor (Gemma's embedding scale) is NaN: 0-d and 1-d ones get unit noise
-                t.add_(0.1 * torch.randn_like(t) * (1 if t.dim() <= 1 else t.std().clamp(min=1e-2)))
+                # the std of one value (Gemma's 0-d embedding scale, Swin2SR's (1, 1, 1, 1) image mean) is NaN:
+                # those and 1-d tensors get unit noise
+                t.add_(0.1 * torch.randn_like(t) * (1 if t.dim() <= 1 or t.numel() == 1 else
+                                                    t.std().clamp(min=1e-2)))
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     if norms:
         momenta = [m.momentum for m in norms]
