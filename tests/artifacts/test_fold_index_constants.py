@@ -80,3 +80,62 @@ def test_the_training_graph_reduces_no_axis_at_run_time(tmp_path):
                                  artifact_directory=str(tmp_path))
     training = onnx.load(str(tmp_path / "training_model.onnx"))
     assert not [n.name for n in training.graph.node if n.op_type == "NonZero"]
+
+
+def _group_norm_scale(declared_last: int | None = 1):
+    """The scale of a GroupNorm as torch's dynamo exporter writes it: ``x * Unsqueeze(w, Range(1, rank - 1, 1))``
+    with constant bounds, over x of shape (n, 3, 4, q); ``y`` declared with the example's last size (timm's
+    MobileViT v2 at 64 px: one patch column, so the export declares 1 for a size that is 4 at 128 px)."""
+    nodes = [_const("one", 1), _const("three", 3),
+             helper.make_node("Range", ["one", "three", "one"], ["axes"]),
+             helper.make_node("Unsqueeze", ["w", "axes"], ["scale"]),
+             helper.make_node("Mul", ["x", "scale"], ["y"])]
+    w = numpy_helper.from_array(np.array([0.5, -1.0, 2.0], np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 4, "q"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3, 4, "q"])
+    declared = ([helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3, 4, declared_last])]
+                if declared_last else [])
+    graph = helper.make_graph(nodes, "group_norm_scale", [x], [y], [w], value_info=declared)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8)
+
+
+def test_a_range_of_constants_becomes_a_constant_and_inference_reads_the_unsqueeze():
+    result = FoldIndexConstants()(_group_norm_scale(None))
+    assert result.modified
+    assert "Range" not in [n.op_type for n in result.model.graph.node]
+    inferred = onnx.shape_inference.infer_shapes(result.model)
+    dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in inferred.graph.value_info}
+    assert dims["scale"] == [3, 1, 1]
+
+
+@pytest.mark.parametrize("bounds", [(0, 100, 1), (0, 5, 0), (5, 0, 1)])
+def test_a_long_or_invalid_range_is_left_alone_and_an_empty_one_folds(bounds):
+    names = ["start", "limit", "delta"]
+    nodes = [_const(n, v) for n, v in zip(names, bounds)] + [helper.make_node("Range", names, ["y"])]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info("y", TensorProto.INT64, ["k"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = FoldIndexConstants()(model)
+    assert result.modified == (bounds == (5, 0, 1))  # 100 elements: above MAX_ELEMENTS; a zero step: invalid
+
+
+@pytest.mark.parametrize("q", [1, 4])
+def test_the_scale_gradient_sums_over_a_size_declared_static(tmp_path, q):
+    """Without the fold, inference could not read the Unsqueeze's axes, the declared size 1 was taken for the
+    product's last axis, and the weight's gradient summed over the batch and the third axis only: at q = 4 the
+    training step failed in a Reshape (``Input shape:{3,1,4}, requested shape:{3}``)."""
+    from onnxtrain.api import CheckpointState, Module
+
+    artifacts.generate_artifacts(_group_norm_scale(), requires_grad=["w"], loss=artifacts.LossType.MSELoss,
+                                 artifact_directory=str(tmp_path))
+    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    module = Module(tmp_path / "training_model.onnx", state)
+    rng = np.random.default_rng(q)
+    x = rng.standard_normal((2, 3, 4, q)).astype(np.float32)
+    target = rng.standard_normal((2, 3, 4, q)).astype(np.float32)
+    module.train()
+    module(x, target)
+    w = np.array([0.5, -1.0, 2.0])
+    y = x * w[:, None, None]
+    expected = (2 * (y - target) * x / y.size).sum(axis=(0, 2, 3))  # d mean((y - t)^2) / dw
+    np.testing.assert_allclose(state.parameters["w"].grad, expected, rtol=1e-5, atol=1e-7)

@@ -50,8 +50,18 @@ def _cast(node, attrs, values):
     return values[0].astype(helper.tensor_dtype_to_np_dtype(to)) if to in _INTEGER else None
 
 
+def _range(node, attrs, values):
+    start, limit, delta = (v.item() if v.size == 1 else None for v in values)
+    if None in (start, limit, delta) or delta == 0:
+        return None
+    count = max(-(-(limit - start) // delta), 0)  # the spec's max(ceil((limit - start) / delta), 0)
+    return np.arange(start, limit, delta) if count <= MAX_ELEMENTS else None
+
+
 FOLDED = {
     "Unsqueeze": _unsqueeze,
+    # torch's dynamo exporter writes GroupNorm's weight and bias as Unsqueeze(w, Range(1, rank - 1, 1))
+    "Range": _range,
     "Squeeze": _squeeze,
     "Cast": _cast,
     "Identity": lambda node, attrs, values: values[0],
