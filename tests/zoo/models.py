@@ -1214,6 +1214,121 @@ def _smp(arch: str, encoder: str, **kwargs):
     return build
 
 
+# -- architectures probed on 2026-11-29 (session 26): time series, speech encoders, super-resolution ---------------
+
+def _series(batch, size, rng):
+    """A multivariate time series: ``size`` steps of 2 channels, (batch, time, channels) as PatchTST reads it."""
+    return (rng.standard_normal((batch, size, 2)).astype(np.float32),)
+
+
+class _Output:
+    """Wraps a transformers model so the export has one tensor output: the output field ``field``."""
+
+    @staticmethod
+    def wrap(model, field: str):
+        import torch
+
+        class _Field(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, x):
+                return getattr(self.model(x), field)
+
+        return _Field()
+
+
+def _hf_field(model_class: str, config_class: str, field: str, **config):
+    def build():
+        import transformers
+
+        return _Output.wrap(getattr(transformers, model_class)(getattr(transformers, config_class)(**config)), field)
+
+    return build
+
+
+def _pooled_encoder(model_class: str, config_class: str, width: int, encoder: bool = True, **config):
+    """A transformers encoder (``get_encoder()`` of ``model_class``, or the model itself), its last hidden state
+    averaged over time into a linear classifier."""
+
+    def build():
+        import torch
+        import transformers
+
+        class _Pooled(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+                self.encoder = model.get_encoder() if encoder else model
+                self.head = torch.nn.Linear(width, CLASSES)
+
+            def forward(self, x):
+                return self.head(self.encoder(x).last_hidden_state.mean(1))
+
+        return _Pooled()
+
+    return build
+
+
+def _filterbank(batch, size, rng):
+    """``size`` frames of 8 filterbank features, (batch, time, features) as Speech2Text reads them."""
+    return (rng.standard_normal((batch, size, 8)).astype(np.float32),)
+
+
+_SMALL_AUDIO = dict(conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), hidden_dropout=0.0,
+                    attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0,
+                    layerdrop=0.0, mask_time_prob=0.0, mask_feature_prob=0.0, classifier_proj_size=8, **_SMALL_HF)
+
+
+def patchtst():
+    """PatchTST as a classifier of 2-channel series of 32 steps (patches of 8)."""
+    from transformers import PatchTSTConfig, PatchTSTForClassification
+
+    config = PatchTSTConfig(num_input_channels=2, context_length=32, patch_length=8, patch_stride=8, d_model=16,
+                            num_attention_heads=2, num_hidden_layers=2, ffn_dim=32, num_targets=CLASSES)
+    model = PatchTSTForClassification(config)
+    # the sinusoidal position table is a frozen parameter; unfrozen as Whisper's is (an export carries no
+    # requires_grad, and the harness trains every float initializer)
+    model.model.encoder.positional_encoder.position_enc.requires_grad_(True)
+    return _Output.wrap(model, "prediction_logits")
+
+
+def wav2vec2_conformer():
+    """wav2vec2-Conformer with rotary attention. Its rotary module keeps the table of the last length it saw as a
+    Python attribute and returns it when the length repeats: the harness's BatchNorm calibration runs the model at
+    the export length, so a trace would then take that table for a constant (the exports failed at 640 samples:
+    "Attempting to broadcast an axis by a dimension other than 1. 39 by 63"). The table is recomputed on every
+    call here, as on the first call of a fresh model."""
+    import torch
+    from transformers import Wav2Vec2ConformerConfig, Wav2Vec2ConformerForSequenceClassification
+
+    config = Wav2Vec2ConformerConfig(num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2,
+                                     position_embeddings_type="rotary", conv_depthwise_kernel_size=3,
+                                     conformer_conv_dropout=0.0, **_SMALL_AUDIO)
+
+    class _Uncached(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Wav2Vec2ConformerForSequenceClassification(config)
+
+        def forward(self, x):
+            self.model.wav2vec2_conformer.encoder.embed_positions.cached_rotary_positional_embedding = None
+            return self.model(x).logits
+
+    return _Uncached()
+
+
+def lfm2():
+    """LFM2 (Liquid AI's on-device language model) as a causal language model: one layer of gated short causal
+    convolution (a depthwise Conv1d over 3 steps between two gates), one of grouped-query attention."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    config = Lfm2Config(layer_types=["conv", "full_attention"],
+                        **{k: v for k, v in _SMALL_DECODER.items() if k != "num_labels"})
+    return Logits.wrap(Lfm2ForCausalLM(config), shift=True)
+
+
 ZOO: dict[str, Spec] = {s.name: s for s in [
     _vision("resnet18", "torchvision", _torchvision("resnet18"), quick=("torchscript-train",)),
     _vision("mobilenet_v3_small", "torchvision", _torchvision("mobilenet_v3_small", dropout=0.0)),
@@ -1692,4 +1807,57 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     _vision("starnet_s1", "timm", _timm("starnet_s1")),
     # re-parameterizable ghost modules: a BatchNorm identity branch beside a depthwise convolution in training
     _vision("repghostnet_050", "timm", _timm("repghostnet_050")),
+    # probed on 2026-11-29 (session 26): PatchTST (patches of a time series per channel, mean/std scaling,
+    # training-mode BatchNorm between attention and feed-forward, sinusoidal positions of a fixed number of patches)
+    Spec("patchtst", "transformers", patchtst, _series, _classes, (32, None), {}),
+    # PatchTSMixer: MLPs across patches, features and channels with gated attention, max-pooled head
+    Spec("patchtsmixer", "transformers", _hf_field("PatchTSMixerForTimeSeriesClassification", "PatchTSMixerConfig",
+                                                   "prediction_outputs", num_input_channels=2, context_length=32,
+                                                   patch_length=8, patch_stride=8, d_model=16, num_layers=2,
+                                                   mode="mix_channel", dropout=0.0, head_dropout=0.0,
+                                                   num_targets=CLASSES),
+         _series, _classes, (32, None), {}),
+    # Speech2Text's encoder: two strided Conv1d + GLU subsampling the filterbank frames, sinusoidal positions
+    Spec("speech2text", "transformers", _pooled_encoder("Speech2TextModel", "Speech2TextConfig", 16,
+                                                        vocab_size=VOCAB, d_model=16, encoder_layers=2,
+                                                        encoder_attention_heads=2, encoder_ffn_dim=32,
+                                                        decoder_layers=1, decoder_attention_heads=2,
+                                                        decoder_ffn_dim=32, conv_channels=16,
+                                                        conv_kernel_sizes=(5, 5), input_feat_per_channel=8,
+                                                        max_source_positions=64, max_target_positions=32,
+                                                        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                                                        encoder_layerdrop=0.0),
+         _filterbank, _classes, (24, 40), {1: "frames"}, batches=(2, 3)),
+    # WavLM: wav2vec2's feature encoder with a gated relative position bias (log-spaced buckets) in attention
+    Spec("wavlm", "transformers", _hf("WavLMForSequenceClassification", "WavLMConfig", num_conv_pos_embeddings=4,
+                                      num_conv_pos_embedding_groups=2, num_buckets=16, max_bucket_distance=32,
+                                      **_SMALL_AUDIO),
+         _audio, _classes, (400, 640), {1: "samples"}, batches=(2, 3)),
+    # SEW: the sequence squeezed (strided positional convolution) before the encoder and upsampled after
+    Spec("sew", "transformers", _hf("SEWForSequenceClassification", "SEWConfig", num_conv_pos_embeddings=4,
+                                    num_conv_pos_embedding_groups=2, squeeze_factor=2, **_SMALL_AUDIO),
+         _audio, _classes, (400, 640), {1: "samples"}, batches=(2, 3)),
+    # the Conformer: rotary attention and a convolution module (GLU, depthwise Conv1d, BatchNorm) in each block
+    Spec("wav2vec2_conformer", "transformers", wav2vec2_conformer, _audio, _classes, (400, 640), {1: "samples"},
+         batches=(2, 3)),
+    # Moonshine's encoder (on-device speech recognition): a strided Conv1d stem over raw audio with GroupNorm,
+    # rotary attention over part of each head
+    Spec("moonshine", "transformers", _pooled_encoder("MoonshineModel", "MoonshineConfig", 16, vocab_size=VOCAB,
+                                                      hidden_size=16, intermediate_size=32,
+                                                      encoder_num_hidden_layers=2, decoder_num_hidden_layers=1,
+                                                      encoder_num_attention_heads=2, decoder_num_attention_heads=2,
+                                                      encoder_num_key_value_heads=2, decoder_num_key_value_heads=2,
+                                                      attn_implementation="eager"),
+         _audio, _classes, (2400, 3200), {1: "samples"}, batches=(2, 3)),
+    # Swin2SR super-resolution: Swin V2 blocks over the full-resolution map, PixelShuffle to twice the size
+    Spec("swin2sr", "transformers", _hf_field("Swin2SRForImageSuperResolution", "Swin2SRConfig", "reconstruction",
+                                              image_size=16, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+                                              window_size=4, upscale=2, upsampler="pixelshuffledirect",
+                                              num_channels_out=CLASSES, drop_path_rate=0.0),
+         _image, _double_size_pixel_classes, (16, 24), IMAGE_AXES, batches=(2, 3),
+         output_axes={2: "2*height", 3: "2*width"}),
+    # MobileViT v2: separable self-attention (a context vector from a softmax over patches) with GroupNorm
+    _vision("mobilevitv2_050", "timm", _timm("mobilevitv2_050", drop_path_rate=0.0), sizes=(64, 128)),
+    # LFM2: gated short causal convolutions (Conv1d over 3 steps) between grouped-query attention layers
+    _text("lfm2", lfm2, labels=_next_tokens, output_axes={2: "positions"}),
 ]}
