@@ -379,8 +379,20 @@ def _softmax_axis(model: onnx.ModelProto) -> None:
     probs.name = "probs"
 
 
+def _incompatible_add(model: onnx.ModelProto) -> None:
+    """TorchScript's export of PatchTST adds a (4, 16) position table to patches laid out (batch, 2, 4, 16) for
+    (batch, 4, 2, 16) (its unfold symbolic misplaces the patch axis): sizes no broadcast reconciles. Before, the
+    gradient rule of the first node after it failed with "no type information for 'h2'"."""
+    graph = model.graph
+    relu = next(n for n in graph.node if n.op_type == "Relu")
+    relu.input[0], h = "h2", relu.input[0]
+    graph.initializer.append(onnx.numpy_helper.from_array(np.ones(17, np.float32), "table"))
+    graph.node.insert(1, onnx.helper.make_node("Add", [h, "table"], ["h2"], name="add_table"))
+
+
 @pytest.mark.parametrize("as_path", [False, True])
 @pytest.mark.parametrize("damage, message", [
+    (_incompatible_add, r"\(op_type:Add, node name: add_table\): \[ShapeInferenceError\] Incompatible dimensions"),
     (_complex_cast, r"\(op_type:Cast, node name: to_complex\): output has unsupported type tensor\(complex128\)"),
     (_int_bias, r"has inconsistent type tensor\(int64\)"),
     (_softmax_axis, r"\(op_type:Softmax, node name: bad_softmax\).*'axis' must be in"),

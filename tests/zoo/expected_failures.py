@@ -75,13 +75,16 @@ _VISFORMER_EVAL_DIVERGES = "AssertionError: loss did not decrease in 20 AdamW st
 _STARNET_EVAL_DIVERGES = "AssertionError: loss did not decrease in 20 AdamW steps: 1.727 -> 4850"
 # torch's TorchScript unfold symbolic (opset 9, constant size) counts a negative dimension on the output's rank: the
 # patching of PatchTST and PatchTSMixer, past_values.unfold(-2, 8, 8) over (batch, 32, 2), is written as
-# (batch, 2, 4, 8) instead of (batch, 4, 2, 8); onnxruntime refuses the export itself ("Node
-# (/model/model/encoder/positional_encoder/Add) Op (Add) [ShapeInferenceError] Incompatible dimensions"; PatchTSMixer:
-# its gated attention's MatMul); the dynamo export is right and trains
-_PATCHTST_UNFOLD = ("ValueError: no type information for '/model/head/ReduceMean_output_0' (input of node "
-                    "'/model/head/flatten/Flatten'); the model needs shape inference to succeed")
-_PATCHTSMIXER_UNFOLD = ("UnknownShapeError: the rank of '/model/head/Transpose_output_0' (node "
-                        "'/model/head/ReduceMax', ReduceMax) is unknown")
+# (batch, 2, 4, 8) instead of (batch, 4, 2, 8); onnxruntime refuses the export itself too ("Load model ... failed:
+# Node (/model/model/encoder/positional_encoder/Add) Op (Add) [ShapeInferenceError] Incompatible dimensions");
+# the dynamo export is right and trains
+_PATCHTST_UNFOLD = ("InvalidModelError: the model is not valid ONNX, so no artifact built from it can be: the ONNX "
+                    "checker (full_check=True) rejects it as given: [ShapeInferenceError] Inference error(s): "
+                    "(op_type:Add, node name: /model/model/encoder/positional_encoder/Add): [ShapeInferenceError] "
+                    "Incompatible dimensions")
+_PATCHTSMIXER_UNFOLD = ("InvalidModelError: ... (op_type:MatMul, node name: /model/model/encoder/mlp_mixer_encoder/"
+                        "mixers.0/channel_feature_mixer/gating_block/attn_layer/MatMul): [ShapeInferenceError] "
+                        "Incompatible dimensions for matrix multiplication")
 # the dynamo export declares MobileViT v2's attention values (from the first GroupNorm of each transformer block on)
 # with the example's number of patches in the last stage, 1 at 64 px (s77, 128, 4, 1), where GroupNorm's input is
 # declared with the symbolic count; inference from the inputs cannot name that count through the exporter's computed

@@ -47,7 +47,7 @@ from onnxtrain.builtins import LossType, OptimType
 from onnxtrain.checkpoint import CheckpointData
 from onnxtrain.checkpoint.format import checkpoint_pieces
 from onnxtrain.conventions import artifact_file
-from onnxtrain.errors import InvalidModelError, PassError, UnsupportedOpError, first_line
+from onnxtrain.errors import InvalidModelError, PassError, UnknownShapeError, UnsupportedOpError, first_line
 from onnxtrain.ir.files import PROTO_LIMIT, StagedFiles
 from onnxtrain.ir.pass_infra import PassManager
 from onnxtrain.lora import LoRA
@@ -298,8 +298,10 @@ def _blaming_an_invalid_source(model: onnx.ModelProto | str | os.PathLike) -> It
     checked only then: a full check of it would cost every generation its time."""
     try:
         yield
+    # (an UnknownShapeError too: a value ONNX inference could not type may be one the model itself gets wrong, as
+    # an Add of sizes no broadcast reconciles)
     except (PassError, OpsetConversionError, onnx.checker.ValidationError,
-            onnx.shape_inference.InferenceError) as exc:
+            onnx.shape_inference.InferenceError, UnknownShapeError) as exc:
         problem = _checker_problem(model)
         if problem is None:
             raise

@@ -50,7 +50,7 @@ class GradContext:
     def info(self, name: str) -> TensorInfo:
         info = self.infos.get(name)
         if info is None:
-            raise ValueError(f"no type information for {name!r} (input of node {self.node.name!r}); "
+            raise UnknownShapeError(f"no type information for {name!r} (input of node {self.node.name!r}); "
                              "the model needs shape inference to succeed")
         return info
 
