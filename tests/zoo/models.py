@@ -1837,6 +1837,11 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     Spec("sew", "transformers", _hf("SEWForSequenceClassification", "SEWConfig", num_conv_pos_embeddings=4,
                                     num_conv_pos_embedding_groups=2, squeeze_factor=2, **_SMALL_AUDIO),
          _audio, _classes, (400, 640), {1: "samples"}, batches=(2, 3)),
+    # SEW-D: SEW's squeezing with DeBERTa's disentangled attention (relative positions gathered by bucket)
+    Spec("sew_d", "transformers", _hf("SEWDForSequenceClassification", "SEWDConfig", num_conv_pos_embeddings=4,
+                                      num_conv_pos_embedding_groups=2, squeeze_factor=2, max_position_embeddings=64,
+                                      position_buckets=16, **_SMALL_AUDIO),
+         _audio, _classes, (400, 640), {1: "samples"}, batches=(2, 3)),
     # the Conformer: rotary attention and a convolution module (GLU, depthwise Conv1d, BatchNorm) in each block
     Spec("wav2vec2_conformer", "transformers", wav2vec2_conformer, _audio, _classes, (400, 640), {1: "samples"},
          batches=(2, 3)),
