@@ -252,3 +252,21 @@ def test_statistics_of_a_batchnorm_written_as_arithmetic_are_not_trained_by_defa
     weights = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     assert plan_parameters(graph, weights, None, None).trainable == ["bn.weight", "bn.bias"]
     assert plan_parameters(graph, weights, ["bn.*"], None).trainable == list(names)
+
+
+@pytest.mark.parametrize("given_as", ["path", "bytes"])
+def test_an_input_without_shape_is_named_also_from_a_path_or_bytes(tmp_path, given_as):
+    from onnxtrain.artifacts import LossType, generate_artifacts
+    from onnxtrain.errors import UnknownShapeError
+
+    w = numpy_helper.from_array(np.ones((3, 2, 3, 3), np.float32), "conv.weight")
+    nodes = [helper.make_node("Conv", ["x", "conv.weight"], ["c"]),
+             helper.make_node("ReduceMean", ["c"], ["y"], keepdims=0, axes=[2, 3])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, None)],
+                              [helper.make_tensor_value_info("y", 1, None)], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    source = str(path) if given_as == "path" else model.SerializeToString()
+    with pytest.raises(UnknownShapeError, match=r"the model's input 'x' has no shape"):
+        generate_artifacts(source, loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path / "art")

@@ -302,6 +302,8 @@ def _blaming_an_invalid_source(model: onnx.ModelProto | str | os.PathLike) -> It
     # an Add of sizes no broadcast reconciles)
     except (PassError, OpsetConversionError, onnx.checker.ValidationError,
             onnx.shape_inference.InferenceError, UnknownShapeError) as exc:
+        if isinstance(exc, UnknownShapeError) and _has_shapeless_input(model):
+            raise  # it names the input and how to give it a shape, where the checker only says a shape is missing
         problem = _checker_problem(model)
         if problem is None:
             raise
@@ -309,6 +311,17 @@ def _blaming_an_invalid_source(model: onnx.ModelProto | str | os.PathLike) -> It
                                 f"checker (full_check=True) rejects it as given: {problem}. Export it again (a newer "
                                 f"exporter or opset, or without the op named) and check it with "
                                 f"onnx.checker.check_model(path, full_check=True)") from exc
+
+
+def _has_shapeless_input(model: onnx.ModelProto | str | os.PathLike) -> bool:
+    """Whether one of the graph's inputs declares no shape at all (not even a rank)."""
+    if not isinstance(model, onnx.ModelProto):
+        try:
+            model = (onnx.load_model_from_string(model) if isinstance(model, bytes) and not os.path.exists(model)
+                     else onnx.load(os.fspath(model), load_external_data=False))
+        except Exception:  # unreadable: the error being handled stands
+            return False
+    return any(i.type.HasField("tensor_type") and not i.type.tensor_type.HasField("shape") for i in model.graph.input)
 
 
 def _checker_problem(model: onnx.ModelProto | str | os.PathLike) -> str | None:
