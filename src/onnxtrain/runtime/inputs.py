@@ -16,7 +16,8 @@ from onnxtrain.conventions import CLASS_LOSSES
 from onnxtrain.errors import InputError
 from onnxtrain.runtime.backends.base import TensorMeta
 
-__all__ = ["ClassLabels", "check_inputs", "class_label_inputs", "describe", "owned_ortvalue"]
+__all__ = ["ClassLabels", "TableIndices", "check_inputs", "class_label_inputs", "table_index_inputs", "describe",
+           "owned_ortvalue"]
 
 # ops that pass a label tensor on unchanged but for its layout or integer type
 _LABEL_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast"})
@@ -77,6 +78,55 @@ def _check_labels(name: str, array: np.ndarray, labels: ClassLabels, what: str) 
               if value < 0 else "")
     raise InputError(f"{what}: input {name!r} holds the class label {value} at index {list(map(int, where))}; "
                      f"{labels.loss} labels must be class indices, {allowed}{ignore}")
+
+
+@dataclass(frozen=True)
+class TableIndices:
+    """An input that a Gather reads as row indices of a parameter (an embedding's token ids): each value must be a
+    row, in [0, rows). onnxruntime reads a negative index as a row from the end (-1 is the last) without an error,
+    where torch's Embedding refuses it, so a padding id of -1 would silently train the last row."""
+
+    table: str
+    rows: int
+
+
+def table_index_inputs(model: onnx.ModelProto, parameters: Sequence[str]) -> dict[str, TableIndices]:
+    """The graph inputs that a Gather on axis 0 of one of ``parameters`` (a graph input or initializer of static
+    first dimension) reads as indices, directly or through view and cast nodes."""
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    inputs = {i.name for i in graph.input}
+    tables = set(parameters)
+    dims = {v.name: v.type.tensor_type.shape.dim for v in graph.input if v.name in tables}
+    rows = {name: d[0].dim_value for name, d in dims.items() if d and d[0].HasField("dim_value")}
+    rows.update({t.name: t.dims[0] for t in graph.initializer if t.name in tables and t.dims})
+    found: dict[str, TableIndices] = {}
+    for node in graph.node:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or node.input[0] not in rows:
+            continue
+        if next((a.i for a in node.attribute if a.name == "axis"), 0) != 0:
+            continue
+        index = node.input[1]
+        while index not in inputs and index in producer and producer[index].op_type in _LABEL_VIEWS:
+            index = producer[index].input[0]
+        if index in inputs and index not in tables:
+            found.setdefault(index, TableIndices(node.input[0], rows[node.input[0]]))
+    return found
+
+
+def _check_indices(name: str, array: np.ndarray, indices: TableIndices, what: str) -> None:
+    """Raise InputError if ``array`` holds a value that is not a row of the table it indexes."""
+    if array.size == 0 or array.dtype.kind not in "iu":
+        return
+    if array.min() >= 0 and array.max() < indices.rows:
+        return
+    bad = (array < 0) | (array >= indices.rows)
+    where = np.unravel_index(int(np.argmax(bad)), array.shape)
+    value = int(array[where])
+    why = (" (onnxruntime would read it as a row from the end, torch's Embedding refuses it: a padding id needs a "
+           "row of its own)" if value < 0 else "")
+    raise InputError(f"{what}: input {name!r} holds {value} at index {list(map(int, where))}, and it indexes the "
+                     f"{indices.rows} rows of {indices.table!r}: its values must be from 0 to {indices.rows - 1}{why}")
 
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
@@ -145,9 +195,11 @@ def describe(meta: TensorMeta) -> str:
 
 
 def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what: str,
-                 labels: Mapping[str, ClassLabels] | None = None) -> list[np.ndarray]:
-    """Return ``values`` as contiguous arrays, or raise InputError naming the first mismatching input or the
-    first label (``labels``: the inputs that class losses read) that is not a class index."""
+                 labels: Mapping[str, ClassLabels] | None = None,
+                 tables: Mapping[str, TableIndices] | None = None) -> list[np.ndarray]:
+    """Return ``values`` as contiguous arrays, or raise InputError naming the first mismatching input, the first
+    label (``labels``: the inputs that class losses read) that is not a class index, or the first index (``tables``:
+    the inputs that index a parameter's rows) that is not a row."""
     if len(values) != len(metas):
         expected = ", ".join(f"{m.name}: {describe(m)}" for m in metas)
         raise InputError(f"{what} takes {len(metas)} inputs ({expected}), got {len(values)}")
@@ -178,6 +230,8 @@ def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what
                                          f"earlier input has {want}={symbols[want]}")
         if labels and meta.name in labels:
             _check_labels(meta.name, array, labels[meta.name], what)
+        if tables and meta.name in tables:
+            _check_indices(meta.name, array, tables[meta.name], what)
         arrays.append(array if array.flags.c_contiguous else np.asarray(array, order="C"))
     if any(isinstance(d, str) and not d.isidentifier() for m in metas for d in m.shape or ()):
         _check_computed_sizes(metas, arrays, symbols, what)

@@ -102,7 +102,7 @@ class Module:
 
     def _train_step(self, arrays) -> list[np.ndarray]:
         run = self.training_run
-        arrays = check_inputs(run.train_inputs, arrays, "training step", run.train_labels)
+        arrays = check_inputs(run.train_inputs, arrays, "training step", run.train_labels, run.train_indices)
         extras = run.train_step(dict(zip(self._train_names, arrays)))
         if not run.last_loss_finite:
             self._nonfinite_loss()
@@ -119,7 +119,8 @@ class Module:
         inputs = self.training_run.eval_inputs
         if inputs is None:
             return self.training_run.eval_step({})  # raises: there is no eval model
-        arrays = check_inputs(inputs, arrays, "eval step", self.training_run.eval_labels)
+        arrays = check_inputs(inputs, arrays, "eval step", self.training_run.eval_labels,
+                              self.training_run.eval_indices)
         return self.training_run.eval_step(dict(zip((m.name for m in inputs), arrays)))
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:

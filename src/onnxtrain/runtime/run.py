@@ -31,7 +31,7 @@ from onnxtrain.errors import ArtifactError, PassError
 from onnxtrain.runtime.backends import check_device, supports_constants
 from onnxtrain.runtime.backends.base import graph_io
 from onnxtrain.runtime.engine_errors import run_session
-from onnxtrain.runtime.inputs import ClassLabels, class_label_inputs
+from onnxtrain.runtime.inputs import ClassLabels, TableIndices, class_label_inputs, table_index_inputs
 from onnxtrain.runtime.loading import check_connected, open_artifact_session
 from onnxtrain.runtime.passes import (
     FrozenAsConstants,
@@ -86,6 +86,7 @@ class TrainingRun:
             Applies to the sessions opened after it is set; the eval session always reads them as inputs.
         last_loss_finite: whether the last training call's loss was finite.
         train_labels, eval_labels: the inputs each graph's class loss reads as labels (checked before a run).
+        train_indices, eval_indices: the inputs each graph reads as row indices of a parameter (checked too).
     """
 
     def __init__(self, values: TrainingValues, train_model: onnx.ModelProto, eval_model: onnx.ModelProto | None,
@@ -103,11 +104,14 @@ class TrainingRun:
         n_user = len(self.meta.user_inputs) + len(self.meta.labels)
         self.train_inputs = train_inputs[:n_user]
         self.train_labels = class_label_inputs(train_model)
+        parameters = [*self.meta.trainable, *self.meta.frozen]
+        self.train_indices = table_index_inputs(train_model, parameters)
         # The eval session opens on first use: a training loop may never evaluate, and a session holds memory.
         # An eval graph that does not connect still fails here (check_connected), not at the first evaluation.
         self._eval = None
         self.eval_inputs = self.eval_outputs = None
         self.eval_labels: dict[str, ClassLabels] = {}
+        self.eval_indices: dict[str, TableIndices] = {}
         if eval_model is not None:
             check_connected(eval_model, "eval model")
             eval_inputs = graph_io(eval_model.graph.input)
@@ -127,6 +131,7 @@ class TrainingRun:
                     + "; pass the eval_model.onnx written with this training_model.onnx")
             self.eval_inputs = eval_inputs[:n_user]
             self.eval_labels = class_label_inputs(eval_model)
+            self.eval_indices = table_index_inputs(eval_model, parameters)
             self.eval_outputs = graph_io(eval_model.graph.output)
         self.loss = np.zeros((), dtype=self.train_outputs[0].dtype)
         self._reset = np.array(True)
