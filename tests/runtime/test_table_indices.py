@@ -68,5 +68,7 @@ def _gather(data_is_parameter: bool, cast: bool) -> onnx.ModelProto:
 def test_indices_are_traced_through_casts_and_only_into_parameters():
     assert table_index_inputs(_gather(True, cast=True), ["table"]) == {"ids": TableIndices("table", 7)}
     assert table_index_inputs(_gather(True, cast=False), ["table"]) == {"ids": TableIndices("table", 7)}
+    # a weight kept as a constant of the graph (not a parameter of the checkpoint) is a table too
+    assert table_index_inputs(_gather(True, cast=False), []) == {"ids": TableIndices("table", 7)}
     # a Gather from another input of the model may mean a negative index as ONNX defines it: not checked
     assert table_index_inputs(_gather(False, cast=False), []) == {}

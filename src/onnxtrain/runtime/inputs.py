@@ -91,12 +91,13 @@ class TableIndices:
 
 
 def table_index_inputs(model: onnx.ModelProto, parameters: Sequence[str]) -> dict[str, TableIndices]:
-    """The graph inputs that a Gather on axis 0 of one of ``parameters`` (a graph input or initializer of static
-    first dimension) reads as indices, directly or through view and cast nodes."""
+    """The graph inputs that a Gather on axis 0 of one of ``parameters`` (graph inputs of static first dimension)
+    or of an initializer (a weight kept as a constant of the graph) reads as indices, directly or through view and
+    cast nodes."""
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output}
     inputs = {i.name for i in graph.input}
-    tables = set(parameters)
+    tables = set(parameters) | {t.name for t in graph.initializer}
     dims = {v.name: v.type.tensor_type.shape.dim for v in graph.input if v.name in tables}
     rows = {name: d[0].dim_value for name, d in dims.items() if d and d[0].HasField("dim_value")}
     rows.update({t.name: t.dims[0] for t in graph.initializer if t.name in tables and t.dims})
