@@ -157,16 +157,21 @@ def test_a_model_without_weights_says_why_nothing_trains(tmp_path, caplog):
     assert "the model has no initializers but 3 inputs" in caplog.text and "export_params" in caplog.text
 
 
-def test_an_input_without_shape_is_named_with_how_to_give_it_one(tmp_path):
-    from onnxtrain.artifacts import LossType, generate_artifacts
-    from onnxtrain.errors import UnknownShapeError
-
+def _shapeless_input_conv() -> onnx.ModelProto:
+    """A Conv and a mean over its output whose input 'x' declares no shape, not even a rank."""
     w = numpy_helper.from_array(np.ones((3, 2, 3, 3), np.float32), "conv.weight")
     nodes = [helper.make_node("Conv", ["x", "conv.weight"], ["c"]),
              helper.make_node("ReduceMean", ["c"], ["y"], keepdims=0, axes=[2, 3])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, None)],
                               [helper.make_tensor_value_info("y", 1, None)], initializer=[w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_input_without_shape_is_named_with_how_to_give_it_one(tmp_path):
+    from onnxtrain.artifacts import LossType, generate_artifacts
+    from onnxtrain.errors import UnknownShapeError
+
+    model = _shapeless_input_conv()
     with pytest.raises(UnknownShapeError, match=r"the model's input 'x' has no shape.*make_tensor_value_info\('x'"):
         generate_artifacts(model, loss=LossType.CrossEntropyLoss, artifact_directory=tmp_path)
     model.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", 1, ["N", 3, "H", "W"]))
@@ -259,12 +264,7 @@ def test_an_input_without_shape_is_named_also_from_a_path_or_bytes(tmp_path, giv
     from onnxtrain.artifacts import LossType, generate_artifacts
     from onnxtrain.errors import UnknownShapeError
 
-    w = numpy_helper.from_array(np.ones((3, 2, 3, 3), np.float32), "conv.weight")
-    nodes = [helper.make_node("Conv", ["x", "conv.weight"], ["c"]),
-             helper.make_node("ReduceMean", ["c"], ["y"], keepdims=0, axes=[2, 3])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, None)],
-                              [helper.make_tensor_value_info("y", 1, None)], initializer=[w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = _shapeless_input_conv()
     path = tmp_path / "model.onnx"
     onnx.save(model, path)
     source = str(path) if given_as == "path" else model.SerializeToString()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -21,6 +21,19 @@ __all__ = ["ClassLabels", "TableIndices", "check_inputs", "class_label_inputs", 
 
 # ops that pass a label tensor on unchanged but for its layout or integer type
 _LABEL_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast"})
+
+
+def _traced_input(value: str, producer: Mapping[str, onnx.NodeProto], inputs: Set[str]) -> str | None:
+    """The graph input ``value`` is, through view and cast nodes (:data:`_LABEL_VIEWS`), or None."""
+    while value not in inputs and value in producer and producer[value].op_type in _LABEL_VIEWS:
+        value = producer[value].input[0]
+    return value if value in inputs else None
+
+
+def _first_where(bad: np.ndarray, array: np.ndarray) -> tuple[list[int], int]:
+    """The index of the first True of ``bad`` and the value of ``array`` there (what an InputError quotes)."""
+    where = np.unravel_index(int(np.argmax(bad)), array.shape)
+    return list(map(int, where)), int(array[where])
 
 
 @dataclass(frozen=True)
@@ -46,10 +59,8 @@ def class_label_inputs(model: onnx.ModelProto) -> dict[str, ClassLabels]:
     for node in graph.node:
         if node.op_type not in CLASS_LOSSES or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
             continue
-        label = node.input[1]
-        while label not in inputs and label in producer and producer[label].op_type in _LABEL_VIEWS:
-            label = producer[label].input[0]
-        if label not in inputs:
+        label = _traced_input(node.input[1], producer, inputs)
+        if label is None:
             continue
         dims = shapes[node.input[0]].dim if node.input[0] in shapes else []
         classes = dims[1].dim_value if len(dims) > 1 and dims[1].HasField("dim_value") else None
@@ -70,13 +81,12 @@ def _check_labels(name: str, array: np.ndarray, labels: ClassLabels, what: str) 
         bad &= array != labels.ignore_index
     if not bad.any():
         return
-    where = np.unravel_index(int(np.argmax(bad)), array.shape)
-    value = int(array[where])
+    where, value = _first_where(bad, array)
     allowed = f"0 to {labels.classes - 1}" if labels.classes is not None else "from 0 to the number of classes - 1"
     ignore = (f" or equal ignore_index={labels.ignore_index}" if labels.ignore_index is not None else
               "; the loss has no ignore_index (torch's default of -100 is not implied: set it on the loss block)"
               if value < 0 else "")
-    raise InputError(f"{what}: input {name!r} holds the class label {value} at index {list(map(int, where))}; "
+    raise InputError(f"{what}: input {name!r} holds the class label {value} at index {where}; "
                      f"{labels.loss} labels must be class indices, {allowed}{ignore}")
 
 
@@ -107,10 +117,8 @@ def table_index_inputs(model: onnx.ModelProto, parameters: Sequence[str]) -> dic
             continue
         if next((a.i for a in node.attribute if a.name == "axis"), 0) != 0:
             continue
-        index = node.input[1]
-        while index not in inputs and index in producer and producer[index].op_type in _LABEL_VIEWS:
-            index = producer[index].input[0]
-        if index in inputs and index not in tables:
+        index = _traced_input(node.input[1], producer, inputs)
+        if index is not None and index not in tables:
             found.setdefault(index, TableIndices(node.input[0], rows[node.input[0]]))
     return found
 
@@ -121,12 +129,10 @@ def _check_indices(name: str, array: np.ndarray, indices: TableIndices, what: st
         return
     if array.min() >= 0 and array.max() < indices.rows:
         return
-    bad = (array < 0) | (array >= indices.rows)
-    where = np.unravel_index(int(np.argmax(bad)), array.shape)
-    value = int(array[where])
+    where, value = _first_where((array < 0) | (array >= indices.rows), array)
     why = (" (onnxruntime would read it as a row from the end, torch's Embedding refuses it: a padding id needs a "
            "row of its own)" if value < 0 else "")
-    raise InputError(f"{what}: input {name!r} holds {value} at index {list(map(int, where))}, and it indexes the "
+    raise InputError(f"{what}: input {name!r} holds {value} at index {where}, and it indexes the "
                      f"{indices.rows} rows of {indices.table!r}: its values must be from 0 to {indices.rows - 1}{why}")
 
 
