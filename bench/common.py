@@ -189,7 +189,8 @@ def load_training(api, outdir, workload, so, rec):
     state = api.CheckpointState.load_checkpoint(os.path.join(outdir, "checkpoint"))
     module = api.Module(os.path.join(outdir, "training_model.onnx"), state, os.path.join(outdir, "eval_model.onnx"),
                         device="cpu", session_options=so)
-    optimizer = api.Optimizer(os.path.join(outdir, "optimizer_model.onnx"), module)
+    extra = {"update_in_backward": True} if os.environ.get("ONNXTRAIN_UPDATE_IN_BACKWARD") == "1" else {}
+    optimizer = api.Optimizer(os.path.join(outdir, "optimizer_model.onnx"), module, **extra)
     optimizer.set_learning_rate(ADAMW["lr"])
     rec["load_seconds"] = time.perf_counter() - t
     x, y = make_batch(workload)

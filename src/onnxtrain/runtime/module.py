@@ -113,7 +113,9 @@ class Module:
         message = f"the training loss is {float(self.training_run.loss)} (not finite)"
         if self.on_nonfinite == "raise":
             raise NonFiniteError(message + "; lower the learning rate or check the inputs for NaN/inf")
-        warnings.warn(message + "; the next optimizer step will be skipped", RuntimeWarning, stacklevel=4)
+        skipped = ("no parameter was updated" if self.training_run.updates_in_backward
+                   else "the next optimizer step will be skipped")
+        warnings.warn(f"{message}; {skipped}", RuntimeWarning, stacklevel=4)
 
     def _eval_step(self, arrays) -> list[np.ndarray]:
         inputs = self.training_run.eval_inputs

@@ -33,20 +33,32 @@ class Optimizer:
     A step after a non-finite loss or with non-finite gradients is skipped (parameters and optimizer
     state stay as they were) and counted in ``skipped_steps``.
 
+    Args:
+        optimizer_uri: the optimizer model written by generate_artifacts (a path or bytes).
+        module: the Module whose trainable parameters it updates.
+        update_in_backward: not in the peer's API, for models that do not fit in memory otherwise. Every
+            training call ``module(...)`` then updates the parameters itself, each as soon as the backward has
+            its gradient, so no gradient vector is held (one copy of the parameters less: docs/memory.md).
+            ``step()`` only reports a skipped update; gradients are not accumulated over several calls (every
+            call starts afresh, as after ``lazy_reset_grad()``), and a chunk of parameters whose gradient is not
+            finite keeps its values while the others are updated (a NaN loss updates nothing). On onnxruntime
+            only; ArtifactError if the optimizer graph cannot be split into elementwise chunks (global-norm
+            clipping).
+
     Attributes:
         state_names: the optimizer's state vectors (``("exp_avg", "exp_avg_sq")`` for AdamW).
         config: the optimizer's hyper-parameters, as generated.
         skipped_steps: steps skipped because the loss or the gradients were not finite.
     """
 
-    def __init__(self, optimizer_uri, module: Module):
+    def __init__(self, optimizer_uri, module: Module, update_in_backward: bool = False):
         if not isinstance(module, Module):
             raise TypeError(f"module must be an onnxtrain Module, got {type(module).__name__}")
         model = load_model(optimizer_uri, "optimizer model")
         self._run = module.training_run
         if any(p.key == _ONNXBLOCK_RULE for p in model.metadata_props):
             model = _from_onnxblock(model, self._run)
-        self._update = self._run.attach_optimizer(model)
+        self._update = self._run.attach_optimizer(model, in_backward=bool(update_in_backward))
         self.state_names = tuple(self._update.meta.states)
         self.config = self._update.meta.config
         self.skipped_steps = 0
@@ -75,9 +87,10 @@ class Optimizer:
         return float(self._update.learning_rate)
 
     def step(self) -> None:
-        """One update of every trainable parameter (skipped, with a warning, if the gradients are not finite)."""
+        """One update of every trainable parameter (skipped, with a warning, if the gradients are not finite).
+        With ``update_in_backward``, the training calls did the update: this warns if the last one skipped it."""
         self._run.values.require_loaded()
         reason = self._run.optimizer_step(self._update)
         if reason is not None:
             self.skipped_steps += 1
-            warnings.warn(f"optimizer step skipped: {reason} (parameters unchanged)", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"optimizer step skipped: {reason}", RuntimeWarning, stacklevel=2)

@@ -14,6 +14,11 @@ One training step, with an optimizer attached and the loop stepping after every 
 The update is stale if the learning rate, the parameters or the step changed after the training call
 (``TrainingValues.version``), or if the optimizer is another one. A loop that accumulates gradients over
 several calls per step does not fuse: the update would be computed, and thrown away, at every call.
+
+With an optimizer attached ``in_backward`` (``Optimizer(..., update_in_backward=True)``), every training call
+runs the training graph with the update inside it, each chunk of the parameters updated in place as soon as
+its gradient exists (runtime/passes/update_in_backward.py): no gradient vector, and ``optimizer_step`` only
+reports what the last call did.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ from onnxtrain.runtime.passes import (
     FuseOptimizer,
     ScatterIntoGradient,
     SpecializeReset,
+    UpdateInBackward,
     constant_names,
+    finite_name,
     zeroed_before_run,
 )
 from onnxtrain.runtime.update import UpdateGraph
@@ -57,6 +64,17 @@ class PreparedUpdate:
     update: UpdateGraph
     learning_rate: float
     values_version: int
+
+
+@dataclass
+class InBackward:
+    """The training graph with the update inside it (runtime/passes/update_in_backward.py), and its session."""
+
+    model: onnx.ModelProto
+    names: FusedNames
+    scattered: list[str]  # parameters whose gradient is scattered into its buffer (bound, zeroed before a run)
+    finite: list[np.ndarray]  # one flag per chunk, written by each run: that chunk was updated
+    session: object = None
 
 
 def _differing_fields(meta: TrainingMeta, eval_model: onnx.ModelProto) -> list[str]:
@@ -150,6 +168,8 @@ class TrainingRun:
         self._constants_version: int | None = None  # values.frozen_version the training sessions' constants hold
         self._update: UpdateGraph | None = None
         self._fused: dict[bool, tuple[object, FusedNames] | None] = {}
+        self._in_backward: InBackward | None = None
+        self._in_backward_skipped: str | None = None  # why the last in-backward call left parameters unchanged
         self._prepared: PreparedUpdate | None = None
         self._calls_since_step, self._calls_last_cycle = 0, 1
         self.last_loss_finite = True
@@ -192,7 +212,11 @@ class TrainingRun:
         if self._constants_version not in (None, values.frozen_version):  # a frozen parameter was written
             self._variants.clear()
             self._fused.clear()
+            if self._in_backward is not None:
+                self._in_backward.session = None
             self._constants_version = None
+        if self._update is not None and self._update.in_backward:
+            return self._train_step_in_backward(feeds)
         state = values.graph_values()
         state.update({names.grad_buffer_name(p): g for p, g in values.grads.views().items()})
         self._reset[...] = self._reset_pending
@@ -238,13 +262,21 @@ class TrainingRun:
                            state=self.values.graph_values())
 
     # -- optimizer steps -------------------------------------------------------------------------------------
-    def attach_optimizer(self, model: onnx.ModelProto) -> UpdateGraph:
+    def attach_optimizer(self, model: onnx.ModelProto, in_backward: bool = False) -> UpdateGraph:
         """Bind an optimizer model to these values; its update is the one a training call may compute in
-        advance (the last one attached)."""
-        self._update = UpdateGraph(model, self.values, self._device, self._session_options)
+        advance (the last one attached), or, ``in_backward``, the one every training call applies (ArtifactError
+        if the two graphs cannot be rewritten for it)."""
+        update = UpdateGraph(model, self.values, self._device, self._session_options, in_backward=in_backward)
+        in_backward_graph = self._build_in_backward(update) if in_backward else None
+        self._update, self._in_backward = update, in_backward_graph
         self._fused.clear()
         self._prepared = None
         return self._update
+
+    @property
+    def updates_in_backward(self) -> bool:
+        """Whether a training call also updates the parameters (an optimizer attached ``in_backward``)."""
+        return self._in_backward is not None
 
     @property
     def update_graph(self) -> UpdateGraph | None:
@@ -256,17 +288,79 @@ class TrainingRun:
         parameters and optimizer state are then unchanged)."""
         prepared, self._prepared = self._prepared, None
         self._calls_last_cycle, self._calls_since_step = self._calls_since_step, 0
+        if update.in_backward:  # the training calls applied it
+            skipped, self._in_backward_skipped = self._in_backward_skipped, None
+            return skipped
         if not self.last_loss_finite:
-            return "the loss is not finite"
+            return "the loss is not finite (parameters unchanged)"
         if not update.checks_finite and not np.isfinite(self.values.grads.current.sum()):
-            return "the gradients are not finite"
+            return "the gradients are not finite (parameters unchanged)"
         valid = PreparedUpdate(update, float(update.learning_rate), self.values.version)
         if prepared != valid:  # no fused training call computed this update
             update.run()
         if update.checks_finite and not update.finite:
-            return "the gradients are not finite"  # the results went to the spare buffers only
+            return "the gradients are not finite (parameters unchanged)"  # the results went to the spare buffers
         update.commit()
         return None
+
+    # -- the update inside the backward ---------------------------------------------------------------------
+    def _build_in_backward(self, update: UpdateGraph) -> InBackward:
+        """The training graph (gradients reset at every call) fused with ``update``'s chunks, each updated as
+        soon as its gradient exists; ArtifactError naming why if it cannot be built."""
+        model = self._specialized(True)
+        scattered = self._zeroed[True]
+        values = self.values
+        try:
+            fused = FuseOptimizer(update.model, self.meta.trainable, update.bounds, values.params.sizes,
+                                  keep_gradients=scattered).run(model).model
+            fused_names = FusedNames.of_fused(fused)
+            model = UpdateInBackward(fused_names, self.meta.trainable, values.params.sizes, update.bounds,
+                                     [names.PARAMS, *update.meta.states], self.train_outputs[0].name).run(fused).model
+        except PassError as exc:
+            raise ArtifactError(f"update_in_backward=True cannot update these parameters during the backward: {exc}; "
+                                "use the default Optimizer") from None
+        finite = [np.zeros((), dtype=bool) for _ in update.bounds]
+        return InBackward(model, fused_names, scattered, finite)
+
+    def _train_step_in_backward(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """One training call that also applies the update (each chunk whose gradient and the loss are finite)."""
+        values, update, graph = self.values, self._update, self._in_backward
+        if graph.session is None:
+            graph.session = self._open_training(graph.model, "training model updating in the backward")
+            self._variants.clear()  # as for the fused session: the separate ones are not needed
+            update.close_session()
+        state = values.graph_values()
+        out = {self.train_outputs[0].name: self.loss}
+        out.update({names.buffer_output_name(b): self._buffer_spare[b] for b in values.buffers})
+        for p in graph.scattered:  # scattered into the buffer, which its output is bound to
+            gradient = values.gradient(p)
+            gradient.fill(0)
+            state[names.grad_buffer_name(p)] = out[names.grad_output_name(p)] = gradient
+        update_inputs, update_out = update.bind(graph.names)
+        state.update(update_inputs)
+        out.update(update_out)
+        out.update({finite_name(graph.names, i): flag for i, flag in enumerate(graph.finite)})
+        self._prepared = None
+        extras = run_session(graph.session, "training step", feeds, out, list(self.meta.additional_outputs),
+                             state=state)
+        self._calls_since_step += 1
+        self.last_loss_finite = bool(np.isfinite(self.loss))
+        skipped = [i for i, flag in enumerate(graph.finite) if not flag]
+        if len(skipped) < len(graph.finite):
+            values.advance_step()
+        if not self.last_loss_finite:
+            self._in_backward_skipped = "the loss is not finite (parameters unchanged)"
+        elif skipped:
+            unchanged = values.params.names_in(update.bounds, skipped)
+            self._in_backward_skipped = (f"the gradients of {unchanged[:5]}{' ...' if len(unchanged) > 5 else ''} "
+                                         "are not finite (those parameters unchanged, the others updated)")
+        else:
+            self._in_backward_skipped = None
+        if self.last_loss_finite:
+            for b in values.buffers:
+                values.buffers[b], self._buffer_spare[b] = self._buffer_spare[b], values.buffers[b]
+        self._reset_pending = False
+        return extras
 
     # -- sessions --------------------------------------------------------------------------------------------
     def _specialized(self, reset: bool) -> onnx.ModelProto:

@@ -84,6 +84,12 @@ class FlatStorage:
             self._chunks[key] = [self._vectors[index][a:b] for a, b in bounds]
         return self._chunks[key]
 
+    def names_in(self, bounds: Sequence[tuple[int, int]], chunks: Sequence[int]) -> list[str]:
+        """The slots that chunks ``chunks`` of ``bounds`` overlap, in layout order."""
+        spans = [bounds[i] for i in chunks]
+        return [name for name, size in zip((n for n, _ in self.layout), self.sizes)
+                if any(max(a, self.offsets[name]) < min(b, self.offsets[name] + size) for a, b in spans)]
+
     def swap(self) -> None:
         """The spare vector (just written) becomes current."""
         self._current = self._spare_index()

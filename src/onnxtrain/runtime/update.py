@@ -66,19 +66,29 @@ class UpdateGraph:
         model: the optimizer model written by generate_artifacts.
         values: the training values (parameters, gradients, optimizer states) it updates.
         device, session_options: as for the training model's sessions.
+        in_backward: the update will run inside the training graph, each chunk as soon as its gradient exists
+            (runtime/passes/update_in_backward.py): always split and bound in place, else ArtifactError.
     """
 
-    def __init__(self, model: onnx.ModelProto, values: TrainingValues, device: str, session_options):
+    def __init__(self, model: onnx.ModelProto, values: TrainingValues, device: str, session_options,
+                 in_backward: bool = False):
         self.meta = OptimizerMeta.from_model(model)
         if self.meta.layout != values.params.layout:
             raise ArtifactError("the optimizer model does not match the checkpoint's trainable parameters: "
                                 + _layout_difference(self.meta.layout, values.params.layout))
         self.artifact = model
         self.checks_finite = any(o.name == names.GRADIENTS_FINITE for o in model.graph.output)
-        self.bounds, self.model = self._split(model, values, device)
+        if in_backward and device != "cpu":
+            raise ArtifactError(f"update_in_backward=True runs on onnxruntime (device='cpu'), not on {device!r}")
+        self.in_backward = in_backward
+        self._not_in_place = "it has no trainable parameter"
+        self.bounds, self.model = self._split(model, values, device, force=in_backward)
         self.in_place = False
         if self.bounds is not None:
             self.in_place, self.model = self._in_place(self.model, len(self.bounds))
+        if in_backward and not self.in_place:
+            raise ArtifactError("update_in_backward=True needs an optimizer graph that can be split into chunks "
+                                f"and run in place, and this one cannot: {self._not_in_place}")
         if self.in_place:
             self.checks_finite = False  # the flag is not computed in the graph: TrainingRun checks first
         self._values = values
@@ -90,16 +100,17 @@ class UpdateGraph:
         # Optimizer graphs with a finiteness output check the gradients in the same run (no extra numpy pass).
         self.finite = np.zeros((), dtype=bool)
 
-    @staticmethod
-    def _split(model: onnx.ModelProto, values: TrainingValues, device: str):
-        """(chunk bounds, the model as run): split on onnxruntime when there are at least MIN_CHUNKS chunks."""
+    def _split(self, model: onnx.ModelProto, values: TrainingValues, device: str, force: bool = False):
+        """(chunk bounds, the model as run): split on onnxruntime when there are at least MIN_CHUNKS chunks (or
+        ``force``)."""
         bounds = chunk_bounds(values.params.sizes, CHUNK)
-        if device != "cpu" or len(bounds) < MIN_CHUNKS:
+        if device != "cpu" or (len(bounds) < MIN_CHUNKS and not force):
             return None, model
         try:
             return bounds, ChunkUpdate(bounds).run(model).model
         except PassError as exc:
             logger.info("running the optimizer graph over whole vectors: %s", exc)
+            self._not_in_place = str(exc)
             return None, model
 
     def _in_place(self, model: onnx.ModelProto, chunks: int) -> tuple[bool, onnx.ModelProto]:
@@ -110,6 +121,7 @@ class UpdateGraph:
             return True, InPlaceUpdate(pairs, drop=[names.GRADIENTS_FINITE]).run(model).model
         except PassError as exc:
             logger.info("updating the parameters double-buffered, not in place: %s", exc)
+            self._not_in_place = str(exc)
             return False, model
 
     def vectors(self, name: str, vector: np.ndarray, storage, spare: bool = False) -> dict[str, np.ndarray]:

@@ -76,12 +76,16 @@ class FuseOptimizer(Pass):
         trainable: the trainable parameters, in flat-vector order.
         chunks: the (start, stop) bounds the optimizer graph was split into (None: it takes whole vectors).
         sizes: the trainable parameters' element counts (needed with ``chunks``).
+        keep_gradients: parameters whose gradient output stays an output of the fused graph (an embedding's
+            gradient scattered into its buffer, bound to the buffer's memory).
     """
 
     def __init__(self, optimizer: onnx.ModelProto, trainable: list[str],
-                 chunks: Sequence[tuple[int, int]] | None = None, sizes: Sequence[int] | None = None):
+                 chunks: Sequence[tuple[int, int]] | None = None, sizes: Sequence[int] | None = None,
+                 keep_gradients: Sequence[str] = ()):
         self.optimizer, self.trainable = optimizer, trainable
         self.chunks, self.sizes = chunks, sizes
+        self.kept = {names.grad_output_name(p) for p in keep_gradients}
         if chunks is not None and (sizes is None or len(sizes) != len(trainable)):
             raise ValueError("FuseOptimizer with chunks needs the size of every trainable parameter")
 
@@ -126,7 +130,7 @@ class FuseOptimizer(Pass):
             initializers.append(renamed)
         inputs = [*tg.input, *(_renamed_value(i, fused) for i in og.input if i.name not in gradient_inputs)]
         gradient_vis = [i for i in og.input if i.name in gradient_inputs]
-        outputs = [o for o in tg.output if o.name not in set(grad_outputs)]
+        outputs = [o for o in tg.output if o.name not in set(grad_outputs) - self.kept]
         outputs += [*(_renamed_value(i, fused) for i in gradient_vis), *(_renamed_value(o, fused) for o in og.output)]
         graph = helper.make_graph(nodes, f"{tg.name}+{og.name}", inputs, outputs, initializer=initializers)
         model = clone(train)
