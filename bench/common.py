@@ -179,8 +179,9 @@ def session_options(threads, profile_prefix=None):
     return so
 
 
-def load_training(api, outdir, workload, so, rec):
-    """Load the artifacts in outdir with `api` (onnxruntime.training.api or onnxtrain.api).
+def load_training(api, outdir, workload, so, rec, optimizer_options=None):
+    """Load the artifacts in outdir with `api` (onnxruntime.training.api or onnxtrain.api); optimizer_options
+    are keyword arguments of api.Optimizer beyond the peer's (onnxtrain's update_in_backward).
 
     Returns (train_step, eval_step); a step is forward + backward + optimizer step + gradient reset.
     The two closures hold the only references to the sessions: drop both to close them.
@@ -189,8 +190,7 @@ def load_training(api, outdir, workload, so, rec):
     state = api.CheckpointState.load_checkpoint(os.path.join(outdir, "checkpoint"))
     module = api.Module(os.path.join(outdir, "training_model.onnx"), state, os.path.join(outdir, "eval_model.onnx"),
                         device="cpu", session_options=so)
-    extra = {"update_in_backward": True} if os.environ.get("ONNXTRAIN_UPDATE_IN_BACKWARD") == "1" else {}
-    optimizer = api.Optimizer(os.path.join(outdir, "optimizer_model.onnx"), module, **extra)
+    optimizer = api.Optimizer(os.path.join(outdir, "optimizer_model.onnx"), module, **(optimizer_options or {}))
     optimizer.set_learning_rate(ADAMW["lr"])
     rec["load_seconds"] = time.perf_counter() - t
     x, y = make_batch(workload)

@@ -3,6 +3,7 @@
     python bench/peak_alive.py --workload resnet18                 # generate (spawned child), train, report
     python bench/peak_alive.py --workload resnet18 --artifacts DIR # artifacts generated beforehand
     options: --steps 3 --threads 2 --top 30 --keep DIR (keep the profiles and optimized models)
+             --update-in-backward (the Optimizer updates each parameter during the backward)
 
 Runs the artifacts with onnxtrain.api like the benchmark, with onnxruntime's profiler on and each session's
 optimized graph saved (what onnxruntime runs after its own fusions). From the last profiled run of each
@@ -42,6 +43,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--top", type=int, default=30, help="live tensors listed at the peak (default 30)")
     p.add_argument("--keep", metavar="DIR", help="write the profiles and optimized models here and keep them")
+    p.add_argument("--update-in-backward", action="store_true", help="Optimizer(..., update_in_backward=True)")
     return p.parse_args(argv)
 
 
@@ -101,7 +103,8 @@ def train(args, prefix):
     labels = []
     record_sessions(so, prefix, labels)
     print(f"after the imports: RSS {status_mb()[0]:.0f} MiB")
-    train_step, eval_step = common.load_training(api, outdir, args.workload, so, {})
+    options = {"update_in_backward": True} if args.update_in_backward else None
+    train_step, eval_step = common.load_training(api, outdir, args.workload, so, {}, options)
     print(f"after loading: RSS {status_mb()[0]:.0f} MiB")
     for i in range(args.steps):
         train_step()

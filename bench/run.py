@@ -38,6 +38,8 @@ WORKLOADS = ["mlp", "lenet", "mobilenetv2", "mobilenetv2_head", "transformer", "
              "resnet18", "resnet18_head"]
 EXTRA_WORKLOADS = ["bert_small_seq32", "bert_base"]  # on request only (--workloads): issue 14 sequence, BERT-base
 IMPLS = ["onnxtrain", "peer", "torch"]
+# on request (--impls): onnxtrain with Optimizer(..., update_in_backward=True), for the large workloads' memory
+EXTRA_IMPLS = ["onnxtrain-uib"]
 CPU_FLAGS_OF_NOTE = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16", "amx_tile"})
 PEER_VENV = os.path.join(HERE, ".peer-venv")
 ONNXTRAIN_VENV = os.path.join(HERE, ".onnxtrain-venv")
@@ -216,7 +218,7 @@ def parse_args(argv=None):
     p.add_argument("--setup-only", action="store_true", help="create/check the two environments and stop")
     args = p.parse_args(argv)
     args.workloads, args.impls = args.workloads.split(","), args.impls.split(",")
-    checks = (("workload", args.workloads, WORKLOADS + EXTRA_WORKLOADS), ("impl", args.impls, IMPLS))
+    checks = (("workload", args.workloads, WORKLOADS + EXTRA_WORKLOADS), ("impl", args.impls, IMPLS + EXTRA_IMPLS))
     for name, values, allowed in checks:
         bad = sorted(set(values) - set(allowed))
         if bad:
@@ -233,7 +235,7 @@ def main(argv=None):
     args = parse_args(argv)
     t0 = time.perf_counter()
     need_peer = bool({"peer", "torch"} & set(args.impls)) or args.setup_only
-    need_onnxtrain = "onnxtrain" in args.impls or args.setup_only
+    need_onnxtrain = bool({"onnxtrain", "onnxtrain-uib"} & set(args.impls)) or args.setup_only
     envs = {}
     if need_peer:
         envs["peer"] = ensure_env("peer", args.peer_python, [os.path.join(PEER_VENV, "bin", "python")], PEER_VENV,
@@ -254,7 +256,7 @@ def main(argv=None):
     outdir = os.path.join(HERE, "results", "scratch" if args.quick else "")
     os.makedirs(outdir, exist_ok=True)
     results = os.path.join(outdir, f"{now:%Y-%m-%d}.jsonl")
-    env_of = {"onnxtrain": "onnxtrain", "peer": "peer", "torch": "peer"}
+    env_of = {"onnxtrain": "onnxtrain", "onnxtrain-uib": "onnxtrain", "peer": "peer", "torch": "peer"}
     records = [machine_record(args, run_id)]
     for name, info in envs.items():
         impls = [i for i in args.impls if env_of[i] == name]
@@ -263,7 +265,8 @@ def main(argv=None):
     child_env = dict(os.environ, BENCH_RUN_ID=run_id, PYTHONUNBUFFERED="1")
     onnxtrain_env = dict(child_env, PYTHONPATH=os.pathsep.join(
         [os.path.join(REPO, "src")] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
-    scripts = {"onnxtrain": ["run_onnxtrain.py"], "peer": ["run_peer.py", "--workarounds"], "torch": ["run_torch.py"]}
+    scripts = {"onnxtrain": ["run_onnxtrain.py"], "onnxtrain-uib": ["run_onnxtrain.py", "--update-in-backward"],
+               "peer": ["run_peer.py", "--workarounds"], "torch": ["run_torch.py"]}
     extra = ["--threads", str(args.threads), "--train-budget", str(args.train_budget),
              "--min-seconds", str(args.min_seconds)]
     for flag, value in (("--steps", args.steps), ("--warmup", args.warmup), ("--eval-steps", args.eval_steps)):
@@ -290,7 +293,7 @@ def main(argv=None):
                     env = env_of[impl]
                     cmd = [envs[env]["executable"], *scripts[impl], "--workload", w, *extra]
                     time.sleep(args.settle)
-                    rec = run_one(cmd, onnxtrain_env if impl == "onnxtrain" else child_env, args.timeout, logf)
+                    rec = run_one(cmd, onnxtrain_env if env == "onnxtrain" else child_env, args.timeout, logf)
                     rec.setdefault("impl", impl)
                     rec.setdefault("workload", w)
                     rec.update({"run_id": run_id, "pass": p + 1})

@@ -1,15 +1,17 @@
 # From /work/shared/bench/run_onnxtrain.py (the reference harness); adapted for onnxtrain's bench/.
 """The project under test: onnxtrain, through its onnxruntime.training.api-compatible API.
 
-    python run_onnxtrain.py --workload NAME [--steps N] [--warmup W] [--threads T]
+    python run_onnxtrain.py --workload NAME [--steps N] [--warmup W] [--threads T] [--update-in-backward]
 
 Same protocol as run_peer.py: the torch export and onnxtrain.artifacts.generate_artifacts run in a
 spawned child, then this process loads the artifacts with onnxtrain.api on the stock onnxruntime and is
-timed. This process never imports torch (the JSON line says so in torch_imported), so peak_rss_mb is
+timed (with --update-in-backward, `Optimizer(..., update_in_backward=True)`, reported as the implementation
+"onnxtrain-uib"). This process never imports torch (the JSON line says so in torch_imported), so peak_rss_mb is
 onnxtrain's own. bench/run.py puts the checkout's src/ first on PYTHONPATH.
 """
 
 import os
+import sys
 import tempfile
 import time
 
@@ -63,8 +65,14 @@ def setup(args, rec):
 
     rec.update(ort_version=onnxruntime.__version__, onnxtrain_version=getattr(onnxtrain, "__version__", None),
                onnxtrain_path=os.path.dirname(onnxtrain.__file__), rss_after_import_mb=peak_rss_mb())
-    return load_training(api, d, args.workload, session_options(args.threads), rec)
+    options = {"update_in_backward": True} if args.update_in_backward else None
+    return load_training(api, d, args.workload, session_options(args.threads), rec, options)
+
+
+def add_arguments(p):
+    p.add_argument("--update-in-backward", action="store_true",
+                   help="Optimizer(..., update_in_backward=True): no gradient vector (docs/memory.md)")
 
 
 if __name__ == "__main__":
-    run("onnxtrain", setup)
+    run("onnxtrain-uib" if "--update-in-backward" in sys.argv[1:] else "onnxtrain", setup, add_arguments=add_arguments)

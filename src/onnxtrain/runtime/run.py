@@ -226,7 +226,7 @@ class TrainingRun:
         self._prepared = None
         fused = self._fused_session_for(self._reset_pending) if self._fusing() else None
         for p in self._zeroed_before(self._reset_pending) if self._reset_pending else ():
-            values.gradient(p).fill(0)
+            values.grads.zero(p)
         if fused is not None:
             session, fused_names = fused
             update_inputs, update_out = self._update.bind(fused_names)
@@ -333,9 +333,8 @@ class TrainingRun:
         out = {self.train_outputs[0].name: self.loss}
         out.update({names.buffer_output_name(b): self._buffer_spare[b] for b in values.buffers})
         for p in graph.scattered:  # scattered into the buffer, which its output is bound to
-            gradient = values.gradient(p)
-            gradient.fill(0)
-            state[names.grad_buffer_name(p)] = out[names.grad_output_name(p)] = gradient
+            values.grads.zero(p)  # its pages given back: resident for the rows the run writes only
+            state[names.grad_buffer_name(p)] = out[names.grad_output_name(p)] = values.gradient(p)
         update_inputs, update_out = update.bind(graph.names)
         state.update(update_inputs)
         out.update(update_out)

@@ -6,11 +6,17 @@ in place (an optimizer graph bound in place, the gradients) holds one vector (do
 
 from __future__ import annotations
 
+import mmap
+import sys
 from collections.abc import Sequence
 
 import numpy as np
 
 __all__ = ["FlatStorage"]
+
+# Linux gives an anonymous private mapping's pages back on MADV_DONTNEED and reads them as zeros afterwards
+# (macOS may keep the old bytes, so elsewhere a slot is zeroed by filling it)
+_RELEASE = (sys.platform.startswith("linux") and hasattr(mmap, "MADV_DONTNEED") and hasattr(mmap, "MAP_ANONYMOUS"))
 
 
 class FlatStorage:
@@ -21,9 +27,13 @@ class FlatStorage:
         dtype: element type of every slot.
         copies: 2 (double-buffered: the spare vector is allocated on first use of :attr:`spare`) or 1 (``spare``
             is ``current`` and :meth:`swap` does nothing).
+        releasable: with one copy, on Linux, the vector is an anonymous mapping whose pages :meth:`zero` gives
+            back to the system: a slot that a training step writes a few rows of (an embedding's gradient,
+            scattered) is then resident only for those rows (reading a page never written costs no memory).
     """
 
-    def __init__(self, layout: Sequence[tuple[str, tuple[int, ...]]], dtype: np.dtype, copies: int = 2):
+    def __init__(self, layout: Sequence[tuple[str, tuple[int, ...]]], dtype: np.dtype, copies: int = 2,
+                 releasable: bool = False):
         if copies not in (1, 2):
             raise ValueError(f"FlatStorage holds 1 or 2 copies of its vector, got copies={copies}")
         self.layout = [(n, tuple(s)) for n, s in layout]
@@ -32,7 +42,12 @@ class FlatStorage:
         self.offsets = dict(zip((n for n, _ in self.layout), np.cumsum([0, *self.sizes[:-1]]).tolist()))
         self.size = int(sum(self.sizes))
         self._copies = copies
-        self._vectors = [np.zeros(self.size, self.dtype)]
+        self._map = None
+        if releasable and copies == 1 and _RELEASE and self.size:
+            self._map = mmap.mmap(-1, self.size * self.dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self._vectors = [np.frombuffer(self._map, self.dtype, count=self.size)]
+        else:
+            self._vectors = [np.zeros(self.size, self.dtype)]
         self._views = [self._make_views(self._vectors[0])]
         self._current = 0
         self._chunks: dict[tuple, list[np.ndarray]] = {}
@@ -90,9 +105,28 @@ class FlatStorage:
         return [name for name, size in zip((n for n, _ in self.layout), self.sizes)
                 if any(max(a, self.offsets[name]) < min(b, self.offsets[name] + size) for a, b in spans)]
 
+    def zero(self, name: str) -> None:
+        """Fill slot ``name`` of the current vector with zeros; in a releasable vector, its whole pages are given
+        back to the system instead (they read as zeros)."""
+        view = self.views()[name].reshape(-1)
+        if self._map is None:
+            view.fill(0)
+            return
+        page, item = mmap.PAGESIZE, self.dtype.itemsize
+        start = self.offsets[name] * item
+        stop = start + view.size * item
+        first, last = -(-start // page) * page, stop // page * page
+        if last <= first:
+            view.fill(0)
+            return
+        self._map.madvise(mmap.MADV_DONTNEED, first, last - first)
+        view[:(first - start) // item].fill(0)
+        view[(last - start) // item:].fill(0)
+
     def swap(self) -> None:
         """The spare vector (just written) becomes current."""
         self._current = self._spare_index()
 
     def __contains__(self, name: str) -> bool:
         return name in self.offsets
+

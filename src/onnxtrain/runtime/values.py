@@ -61,7 +61,7 @@ class TrainingValues:
         # One gradient vector: a training graph overwrites it (reset) or adds into it element by element
         # (``out = buffer + g``, whose only reader of ``buffer`` is that Add), so it can be read and written in
         # the same run; nothing ever throws a gradient away (docs/memory.md).
-        self.grads = FlatStorage(layout, dtype, copies=1)
+        self.grads = FlatStorage(layout, dtype, copies=1, releasable=True)
         views = self.params.views()
         for name in list(data.trainable):
             views[name][...] = data.trainable[name]
