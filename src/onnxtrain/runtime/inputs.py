@@ -46,6 +46,10 @@ class ClassLabels:
     scores: str  # the value the loss reads the class scores from
     classes: int | None  # None: not declared in the graph (onnxruntime rejects labels above it at run time)
     ignore_index: int | None
+    # scores of rank 3 or more that the loss reads with the classes on axis 1 as the model computes them (no
+    # Transpose brought another axis there, as class_axis=-1 does): their name and shape (int, str or None dims).
+    # Labels shaped like them without the last axis are per-token labels of a (batch, sequence, vocabulary) model.
+    model_scores: tuple[str, tuple] | None = None
 
 
 def class_label_inputs(model: onnx.ModelProto) -> dict[str, ClassLabels]:
@@ -65,8 +69,67 @@ def class_label_inputs(model: onnx.ModelProto) -> dict[str, ClassLabels]:
         dims = shapes[node.input[0]].dim if node.input[0] in shapes else []
         classes = dims[1].dim_value if len(dims) > 1 and dims[1].HasField("dim_value") else None
         ignore = next((a.i for a in node.attribute if a.name == "ignore_index"), None)
-        found[label] = ClassLabels(node.op_type, node.input[0], classes, ignore)
+        found[label] = ClassLabels(node.op_type, node.input[0], classes, ignore,
+                                   _model_scores(node, producer, shapes, label))
     return found
+
+
+def _dims(shape: onnx.TensorShapeProto) -> tuple:
+    return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in shape.dim)
+
+
+def _model_scores(loss: onnx.NodeProto, producer: Mapping[str, onnx.NodeProto],
+                  shapes: Mapping[str, onnx.TensorShapeProto], label: str) -> tuple[str, tuple] | None:
+    """:attr:`ClassLabels.model_scores` of ``loss`` reading labels from the input ``label``: the scores (named as
+    before the Reshape(x, Shape(x)) that keeps a shape for the backward, artifacts.passes.ShapesInForward) with
+    their declared shape, else the shape that the declaration of labels the loss reads directly implies, None for
+    the size of axis 1 that it lacks (generate_artifacts declares the scores only when that size is static)."""
+    scores = loss.input[0]
+    dims = _dims(shapes[scores]) if scores in shapes else None
+    while _pinned(producer.get(scores), producer):
+        scores = producer[scores].input[0]
+        dims = dims if dims is not None or scores not in shapes else _dims(shapes[scores])
+    node = producer.get(scores)
+    if node is not None and node.op_type == "Transpose":
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [])
+        if len(perm) < 2 or perm[1] != 1:  # another axis brought to axis 1 (class_axis=-1)
+            return None
+    if dims is None and loss.input[1] == label and label in shapes and len(shapes[label].dim) >= 2:
+        labels = _dims(shapes[label])
+        dims = (labels[0], None, *labels[1:])
+    return (scores, dims) if dims is not None and len(dims) >= 3 else None
+
+
+def _pinned(node: onnx.NodeProto | None, producer: Mapping[str, onnx.NodeProto]) -> bool:
+    """Whether ``node`` is a Reshape(x, Shape(x)): x itself."""
+    if node is None or node.op_type != "Reshape" or len(node.input) < 2 or node.input[1] not in producer:
+        return False
+    shape = producer[node.input[1]]
+    return shape.op_type == "Shape" and not shape.attribute and shape.input[0] == node.input[0]
+
+
+# the onnxtrain.blocks loss writing each class loss op
+_LOSS_BLOCKS = {"SoftmaxCrossEntropyLoss": "CrossEntropyLoss", "NegativeLogLikelihoodLoss": "NLLLoss"}
+
+
+def _per_token_hint(shape: tuple[int, ...], labels: ClassLabels, symbols: Mapping[str, int]) -> str:
+    """The way to regenerate, when labels of ``shape`` that do not fit the declared shape look per-token: shaped
+    like the scores without their last axis, where the loss reads the classes on axis 1; else ''."""
+    if labels.model_scores is None:
+        return ""
+    name, scores = labels.model_scores
+    if len(shape) != len(scores) - 1:
+        return ""
+    for want, got in zip(scores[:-1], shape):
+        if isinstance(want, int) and want != got or isinstance(want, str) and symbols.get(want, got) != got:
+            return ""
+    block = _LOSS_BLOCKS.get(labels.loss, "CrossEntropyLoss")
+    ignore = f", ignore_index={labels.ignore_index}" if labels.ignore_index is not None else ""
+    dims = ", ".join("?" if d is None else str(d) for d in scores)
+    return (f"; these look like per-token labels: the loss reads the classes on axis 1 of {name!r} [{dims}] "
+            f"(torch's (N, C, ...) layout), and {list(shape)} is its shape without the last axis. If the classes "
+            f"are on the last axis (a language model's (batch, sequence, vocabulary) logits), generate the "
+            f"artifacts again with loss=onnxtrain.blocks.{block}(class_axis=-1{ignore})")
 
 
 def _check_labels(name: str, array: np.ndarray, labels: ClassLabels, what: str) -> None:
@@ -212,6 +275,7 @@ def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what
         raise InputError(f"{what} takes {len(metas)} inputs ({expected}), got {len(values)}")
     arrays = []
     symbols: dict[str, int] = {}
+    labels = labels or {}
     for meta, value in zip(metas, values):
         array = value if type(value) is np.ndarray else np.asarray(value)
         if array.dtype != meta.dtype:
@@ -229,12 +293,14 @@ def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what
                                  f"({describe(meta)}), got shape {list(array.shape)}")
             for axis, (want, got) in enumerate(zip(meta.shape, array.shape)):
                 if isinstance(want, int) and want != got:
+                    hint = _per_token_hint(array.shape, labels[meta.name], symbols) if meta.name in labels else ""
                     raise InputError(f"{what}: input {meta.name!r} expects shape {describe(meta)}, got "
-                                     f"{list(array.shape)} (axis {axis} should be {want})")
+                                     f"{list(array.shape)} (axis {axis} should be {want}){hint}")
                 if isinstance(want, str):
                     if symbols.setdefault(want, got) != got:
+                        hint = _per_token_hint(array.shape, labels[meta.name], symbols) if meta.name in labels else ""
                         raise InputError(f"{what}: input {meta.name!r} has {want}={got} on axis {axis}, but an "
-                                         f"earlier input has {want}={symbols[want]}")
+                                         f"earlier input has {want}={symbols[want]}{hint}")
         if labels and meta.name in labels:
             _check_labels(meta.name, array, labels[meta.name], what)
         if tables and meta.name in tables:
