@@ -1,7 +1,8 @@
 // The error kinds of onnxtrain/errors.py that the JavaScript side raises (CheckpointError lives with the
 // checkpoint format, src/checkpoint/format.js).
 
-/** A feed given to a training or eval step has an unknown name, the wrong dtype or shape, or a bad label. */
+/** A feed given to a training or eval step has an unknown name, the wrong dtype or shape, a bad label, or a token
+ * id outside the table it indexes. */
 export class InputError extends Error {
   constructor(message) {
     super(message);

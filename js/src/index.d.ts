@@ -38,7 +38,8 @@ export class CheckpointData {
 }
 
 export class CheckpointError extends Error {}
-/** A feed has an unknown name, the wrong dtype or shape, a batch that differs from the others', or a bad label. */
+/** A feed has an unknown name, the wrong dtype or shape, a batch that differs from the others', a bad label, or a
+ * token id outside the table it indexes. */
 export class InputError extends Error {}
 /** A model is unreadable or does not belong with the others (e.g. an eval model of other artifacts). */
 export class ArtifactError extends Error {}

@@ -2,18 +2,22 @@
 // and a symbolic dim (the batch) equal across inputs, so that no raw engine message (or, on WebAssembly, an error
 // code) and no silent broadcast of a batch-1 input stands for them. Class labels: onnxruntime reads -1 as the
 // last class without an error, so a negative label, or one past the class count the graphs declare, is refused
-// with the input, the label and its position named. And the eval model must belong to the training model's
-// artifacts (runtime/run.py).
+// with the input, the label and its position named. Token ids likewise (tests/runtime/test_table_indices.py): an
+// input that a Gather reads as row indices of a parameter or of a constant table must hold rows, in [0, rows);
+// onnxruntime reads -1 as the last row and fails in the Gather node on an index past the table. And the eval model
+// must belong to the training model's artifacts (runtime/run.py).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import * as ortNode from 'onnxruntime-node';
 import * as ortWeb from 'onnxruntime-web';
 import { ArtifactError, bindEngine, ExecutionError, InputError } from '../src/index.js';
-import { classLabelInputs } from '../src/runtime/model-metadata.js';
+import { classLabelInputs, graphInputs, tableIndexInputs } from '../src/runtime/model-metadata.js';
+import { checkFeeds } from '../src/runtime/inputs.js';
 import { countingEngine } from './support/harness.js';
 import { fixtures, load } from './support/fixtures.js';
-import { withoutClassCount, withMetadataEdited } from './support/models.js';
+import { FLOAT, INT32, INT64, initializer, node, onnxModel, tensorInfo, withoutClassCount, withMetadataEdited }
+  from './support/models.js';
 
 const { dir } = fixtures();
 const folder = join(dir, 'mlp_sgd');  // 8 features, 4 classes, cross-entropy without ignore_index
@@ -118,7 +122,6 @@ test("a training graph that leaves the class count open (as with ignore_index) c
 });
 
 test('a size computed from another input (a language model\'s shifted labels) is checked, as in Python', async () => {
-  const { checkFeeds } = await import('../src/runtime/inputs.js');
   const ids = { name: 'input_ids', type: 'int64', shape: ['s77', 's27'] };
   const tensor = (dims) => new ortNode.Tensor('int64', new BigInt64Array(dims[0] * dims[1]), dims);
   for (const [declared, good, bad] of [['s27-1', 7, 8], ['2*s27', 16, 8], ['floor((s27+1)/2)', 4, 5],
@@ -133,4 +136,90 @@ test('a size computed from another input (a language model\'s shifted labels) is
     const other = { name: 'x', type: 'float32', shape: ['batch', declared] };
     checkFeeds([other], { x: new ortNode.Tensor('float32', new Float32Array(10), [2, 5]) }, 'eval step');
   }
+});
+
+// -- token ids: indices into a table's rows -------------------------------------------------------------------------
+const positions = join(dir, 'positions_slice');  // ids [batch, sequence] -> Gather of 'tokens' (trainable) -> ... -> Gemm
+const VOCAB = 20;  // tests.models.VOCAB: the rows of 'tokens'
+
+test('the inputs a Gather reads as rows of a parameter are found in the graphs', async () => {
+  for (const file of ['training_model.onnx', 'eval_model.onnx']) {
+    assert.deepEqual(tableIndexInputs(await load(join(positions, file)), ['tokens', 'positions', 'fc']),
+      { ids: { table: 'tokens', rows: VOCAB } });
+  }
+});
+
+test('an index outside the table is refused before the run, in both modes, and nothing runs or changes', async () => {
+  const { engine, runs } = countingEngine(ortNode);
+  const session = await bindEngine(engine).TrainingSession.create(files(positions));
+  const state = session.checkpointState;
+  const ids = BigInt64Array.from({ length: 15 }, (_, k) => BigInt((7 * k) % VOCAB));
+  const labels = BigInt64Array.from([0n, 1n, 0n]);
+  const feeds = () => ({ ids: new ortNode.Tensor('int64', ids, [3, 5]), labels: new ortNode.Tensor('int64', labels, [3]) });
+  const before = [state.params.vector.slice(), state.grads.vector.slice()];
+  const rows = `and it indexes the ${VOCAB} rows of 'tokens': its values must be from 0 to ${VOCAB - 1}`;
+  const fromTheEnd = " (onnxruntime would read it as a row from the end, torch's Embedding refuses it: a padding id needs a "
+    + 'row of its own)';
+  for (const [bad, why] of [[-1, fromTheEnd], [VOCAB, '']]) {
+    ids[7] = BigInt(bad);  // [1, 2]
+    for (const [step, what] of [['runTrainStep', 'training step'], ['runEvalStep', 'eval step']]) {
+      const message = `${what}: input 'ids' holds ${bad} at index [1, 2], ${rows}${why}`;
+      await assert.rejects(session[step](feeds()), (e) => e instanceof InputError && e.message === message, message);
+    }
+  }
+  assert.equal(runs.total, 0, 'a bad index reached the engine');
+  assert.deepEqual([state.params.vector, state.grads.vector], before);
+  ids[7] = BigInt(VOCAB - 1);  // the last row is a row: the same batch trains
+  assert.ok(Number.isFinite(Number((await session.runTrainStep(feeds())).loss.data[0])));
+  assert.ok(state.grads.views.get('tokens').some((g) => g !== 0));
+  await session.release();
+});
+
+/**
+ * As test_table_indices.py's _gather: `ids` (int32 cast to int64 with `cast`, int32 [n, 1] cast and reshaped with
+ * `nested`) gathered from a [7, 2] table `table`, an initializer (a weight kept as a constant of the graph) or,
+ * with `tableIsInput`, an input of the graph (a parameter if the caller lists it, else another input of the model).
+ */
+function gather({ cast = false, nested = false, tableIsInput = false, axis = undefined } = {}) {
+  const ids = tensorInfo('ids', cast || nested ? INT32 : INT64, nested ? ['n', 1] : ['n']);
+  const nodes = [];
+  let index = 'ids';
+  if (cast || nested) nodes.push(node('Cast', ['ids'], [index = 'ids64'], { to: INT64 }));
+  if (nested) nodes.push(node('Reshape', ['ids64', 'flat'], [index = 'flat_ids']));
+  nodes.push(node('Gather', ['table', index], ['rows'], axis === undefined ? {} : { axis }));
+  const table = Array.from({ length: 14 }, (_, k) => k);
+  return onnxModel({ nodes, inputs: tableIsInput ? [ids, tensorInfo('table', FLOAT, [7, 2])] : [ids],
+    outputs: [tensorInfo('rows', FLOAT, ['n', 2])],
+    initializers: [...(tableIsInput ? [] : [initializer('table', [7, 2], table)]), initializer('flat', [1], [-1], INT64)] });
+}
+
+test('indices are traced through casts and views, and only into parameters and constants', () => {
+  const found = { ids: { table: 'table', rows: 7 } };
+  assert.deepEqual(tableIndexInputs(gather({ cast: true }), ['table']), found);
+  assert.deepEqual(tableIndexInputs(gather(), ['table']), found);
+  assert.deepEqual(tableIndexInputs(gather({ nested: true }), ['table']), found);  // Cast, then Reshape
+  // a parameter fed as an input of the graph (the rows from its declared shape), as in a training graph
+  assert.deepEqual(tableIndexInputs(gather({ tableIsInput: true }), ['table']), found);
+  // a weight kept as a constant of the graph (not a parameter of the checkpoint) is a table too
+  assert.deepEqual(tableIndexInputs(gather(), []), found);
+  // a Gather from another input of the model may mean a negative index as ONNX defines it: not checked
+  assert.deepEqual(tableIndexInputs(gather({ tableIsInput: true }), []), {});
+  // nor a Gather on another axis than the rows
+  assert.deepEqual(tableIndexInputs(gather({ axis: 1 }), ['table']), {});
+});
+
+test('an index into a constant table is refused; a float input cast to indices is not checked', async () => {
+  const [ids] = graphInputs(gather({ cast: true }));
+  const tables = tableIndexInputs(gather({ cast: true }), []);
+  const feed = (values) => ({ ids: new ortNode.Tensor('int32', Int32Array.from(values), [values.length]) });
+  checkFeeds([ids], feed([0, 6]), 'eval step', {}, tables);
+  assert.throws(() => checkFeeds([ids], feed([0, 6, 7]), 'eval step', {}, tables), (e) => e instanceof InputError
+    && e.message === "eval step: input 'ids' holds 7 at index [2], and it indexes the 7 rows of 'table': its values must be from 0 to 6");
+  const float = { name: 'ids', type: 'float32', shape: ['n'] };
+  checkFeeds([float], { ids: new ortNode.Tensor('float32', Float32Array.from([-1, 9]), [2]) }, 'eval step', {}, tables);
+  // why: onnxruntime reads -1 as the last row of the table, without an error
+  const session = await ortNode.InferenceSession.create(gather());
+  const { rows } = await session.run({ ids: new ortNode.Tensor('int64', BigInt64Array.from([-1n]), [1]) });
+  assert.deepEqual(Array.from(rows.data), [12, 13]);
+  await session.release();
 });

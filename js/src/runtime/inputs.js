@@ -1,7 +1,8 @@
 // User feeds checked against a graph's declared inputs before a run, as onnxtrain/runtime/inputs.py's
 // check_inputs: names, tensor type, rank, static dims, a symbolic dim (the batch) equal across the inputs that
-// declare it, and class labels. onnxruntime would reject some of these with a message naming no step (or, on
-// WebAssembly, only an error code) and would broadcast a batch-1 target silently.
+// declare it, class labels, and indices into a table's rows (token ids). onnxruntime would reject some of these
+// with a message naming no step (or, on WebAssembly, only an error code), would broadcast a batch-1 target
+// silently, and reads a negative label or index as one counted from the end.
 
 import { InputError } from '../errors.js';
 
@@ -13,9 +14,10 @@ export function describe({ type, shape }) {
 /**
  * The feeds of the graph's user inputs `inputs` ([{name, type, shape}], model-metadata.js graphInputs), in
  * their order; an InputError names the first feed that is unknown, missing or does not fit its declaration,
- * or a label (`labels`: classLabelInputs) that is not a class index.
+ * a label (`labels`: classLabelInputs) that is not a class index, or an index (`tables`: tableIndexInputs) that is
+ * not a row of the table it indexes.
  */
-export function checkFeeds(inputs, feeds, what, labels = {}) {
+export function checkFeeds(inputs, feeds, what, labels = {}, tables = {}) {
   const expected = inputs.map((m) => m.name);
   const given = Object.keys(feeds).filter((n) => feeds[n] !== undefined);
   const unknown = given.filter((n) => !expected.includes(n));
@@ -28,7 +30,8 @@ export function checkFeeds(inputs, feeds, what, labels = {}) {
   const symbols = new Map();
   for (const meta of inputs) {
     checkTensor(meta, feeds[meta.name], what, symbols);
-    if (meta.name in labels) checkLabels(meta.name, feeds[meta.name], labels[meta.name], what);
+    if (Object.hasOwn(labels, meta.name)) checkLabels(meta.name, feeds[meta.name], labels[meta.name], what);
+    if (Object.hasOwn(tables, meta.name)) checkIndices(meta.name, feeds[meta.name], tables[meta.name], what);
   }
   checkComputedSizes(inputs, feeds, symbols, what);
   return Object.fromEntries(expected.map((n) => [n, feeds[n]]));
@@ -139,24 +142,54 @@ function checkTensor(meta, tensor, what, symbols) {
   });
 }
 
+const INTEGER_TYPES = new Set(['int8', 'uint8', 'int16', 'uint16', 'int32', 'uint32', 'int64', 'uint64']);
+
+/** The values of an integer tensor held on the CPU, or null (a float or bool tensor, or data on a GPU: not
+ * checked; inputs.py checks integer arrays only). */
+function integers(tensor) {
+  const onCpu = tensor.location === undefined || tensor.location === 'cpu' || tensor.location === 'cpu-pinned';
+  return INTEGER_TYPES.has(tensor.type) && onCpu ? tensor.data : null;
+}
+
+/** The position of the `k`-th value of a tensor of shape `dims`, as the list inputs.py's _first_where quotes. */
+function multiIndex(k, dims) {
+  const index = [];
+  for (let rest = k, d = dims.length - 1; d >= 0; d--) {
+    index.unshift(rest % dims[d]);
+    rest = Math.floor(rest / dims[d]);
+  }
+  return `[${index.join(', ')}]`;
+}
+
 /** An InputError unless every label of `tensor` is a class index (below the declared class count) or the loss's
  * ignore_index; as inputs.py's _check_labels (onnxruntime reads -1 as the last class without an error). */
 export function checkLabels(name, tensor, { loss, classes, ignoreIndex }, what) {
-  const data = tensor?.data;
-  if (!data || !(data instanceof BigInt64Array || data instanceof Int32Array)) return;
+  const data = integers(tensor);
+  if (!data) return;
   const high = classes === null ? null : BigInt(classes);
   for (let k = 0; k < data.length; k++) {
     const value = BigInt(data[k]);
     if ((value >= 0n && (high === null || value < high)) || value === ignoreIndex) continue;
-    const index = [];
-    for (let rest = k, d = tensor.dims.length - 1; d >= 0; d--) {
-      index.unshift(rest % tensor.dims[d]);
-      rest = Math.floor(rest / tensor.dims[d]);
-    }
     const allowed = high === null ? 'from 0 to the number of classes - 1' : `0 to ${high - 1n}`;
     const ignore = ignoreIndex !== null ? ` or equal ignore_index=${ignoreIndex}`
       : value < 0n ? "; the loss has no ignore_index (torch's default of -100 is not implied: set it on the loss block)" : '';
-    throw new InputError(`${what}: input '${name}' holds the class label ${value} at index [${index.join(', ')}]; `
+    throw new InputError(`${what}: input '${name}' holds the class label ${value} at index ${multiIndex(k, tensor.dims)}; `
       + `${loss} labels must be class indices, ${allowed}${ignore}`);
+  }
+}
+
+/** An InputError unless every value of `tensor` is a row of the table it indexes, in [0, rows); as inputs.py's
+ * _check_indices (onnxruntime reads a negative index as a row from the end, and one past the table fails in a
+ * Gather node). */
+export function checkIndices(name, tensor, { table, rows }, what) {
+  const data = integers(tensor);
+  if (!data) return;
+  for (let k = 0; k < data.length; k++) {
+    const value = data[k];  // a number or a BigInt: both compare with a number
+    if (value >= 0 && value < rows) continue;
+    const why = value < 0 ? " (onnxruntime would read it as a row from the end, torch's Embedding refuses it: a padding id "
+      + 'needs a row of its own)' : '';
+    throw new InputError(`${what}: input '${name}' holds ${value} at index ${multiIndex(k, tensor.dims)}, and it indexes `
+      + `the ${rows} rows of '${table}': its values must be from 0 to ${rows - 1}${why}`);
   }
 }

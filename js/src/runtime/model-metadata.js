@@ -152,6 +152,38 @@ function classCount(valueInfo) {
   return value ? value[1] : null;
 }
 
+/** The nodes of a GraphProto ({inputs, outputs, op, domain, bytes}), what produces each value, and the names of its
+ * inputs. */
+function graphNodes(graph) {
+  const nodes = submessages(graph, 1).map((n) => ({
+    inputs: strings(n, 1), outputs: strings(n, 2), op: strings(n, 4)[0] ?? '', domain: strings(n, 7)[0] ?? '',
+    bytes: n,
+  }));
+  const producer = new Map();
+  for (const node of nodes) for (const o of node.outputs) producer.set(o, node);
+  return { nodes, producer, inputs: new Set(submessages(graph, 11).map((v) => strings(v, 1)[0])) };
+}
+
+/** The graph input `value` is, through view and cast nodes (LABEL_VIEWS), or null; as inputs.py's _traced_input. */
+function tracedInput(value, producer, inputs) {
+  while (!inputs.has(value) && producer.has(value) && LABEL_VIEWS.has(producer.get(value).op)) {
+    value = producer.get(value).inputs[0];
+  }
+  return inputs.has(value) ? value : null;
+}
+
+/** The int64 attribute `name` of a node (a BigInt), or undefined. */
+function intAttribute(node, name) {
+  for (const attribute of submessages(node.bytes, 5)) {
+    if (strings(attribute, 1)[0] !== name) continue;
+    const value = [...fields(attribute, true)].find(([f]) => f === 3);
+    if (value) return value[1];
+  }
+  return undefined;
+}
+
+const isDefaultDomain = (node) => node.domain === '' || node.domain === 'ai.onnx';
+
 /**
  * The graph inputs that a class loss of the model reads as its labels (through view and cast nodes), as
  * {input: {loss, classes, ignoreIndex}}: classes is the declared class count of the scores (null if not
@@ -160,29 +192,70 @@ function classCount(valueInfo) {
 export function classLabelInputs(bytes) {
   const graph = submessages(bytes, 7)[0];
   if (!graph) return {};
-  const inputs = new Set(submessages(graph, 11).map((v) => strings(v, 1)[0]));
+  const { nodes, producer, inputs } = graphNodes(graph);
   const declared = new Map();
   for (const number of [11, 12, 13]) for (const v of submessages(graph, number)) declared.set(strings(v, 1)[0], v);
-  const nodes = submessages(graph, 1).map((n) => ({
-    inputs: strings(n, 1), outputs: strings(n, 2), op: strings(n, 4)[0] ?? '', domain: strings(n, 7)[0] ?? '',
-    bytes: n,
-  }));
-  const producer = new Map();
-  for (const node of nodes) for (const o of node.outputs) producer.set(o, node);
   const found = {};
   for (const node of nodes) {
-    if (!CLASS_LOSSES.has(node.op) || !['', 'ai.onnx'].includes(node.domain) || node.inputs.length < 2) continue;
-    let label = node.inputs[1];
-    while (!inputs.has(label) && producer.has(label) && LABEL_VIEWS.has(producer.get(label).op)) label = producer.get(label).inputs[0];
-    if (!inputs.has(label)) continue;
-    let ignoreIndex = null;
-    for (const attribute of submessages(node.bytes, 5)) {
-      if (strings(attribute, 1)[0] !== 'ignore_index') continue;
-      const value = [...fields(attribute, true)].find(([f]) => f === 3);
-      if (value) ignoreIndex = value[1];
-    }
+    if (!CLASS_LOSSES.has(node.op) || !isDefaultDomain(node) || node.inputs.length < 2) continue;
+    const label = tracedInput(node.inputs[1], producer, inputs);
+    if (label === null) continue;
     const scores = declared.get(node.inputs[0]);
+    const ignoreIndex = intAttribute(node, 'ignore_index') ?? null;
     found[label] = { loss: node.op, classes: scores ? classCount(scores) : null, ignoreIndex };
+  }
+  return found;
+}
+
+/** The values of the repeated int64 field `number` (e.g. TensorProto.dims), packed or not. */
+function repeatedInts(bytes, number) {
+  const values = [];
+  for (const [f, v] of fields(bytes)) {
+    if (f !== number) continue;
+    if (!(v instanceof Uint8Array)) {
+      values.push(v);
+      continue;
+    }
+    let value = 0;
+    let scale = 1;
+    for (const b of v) {
+      value += (b & 0x7f) * scale;
+      scale *= 128;
+      if (b < 0x80) {
+        values.push(value);
+        value = 0;
+        scale = 1;
+      }
+    }
+  }
+  return values;
+}
+
+/**
+ * The graph inputs that a Gather on axis 0 of one of `parameters` (graph inputs of static first dimension) or of
+ * an initializer (a weight kept as a constant of the graph) reads as indices, directly or through view and cast
+ * nodes, as {input: {table, rows}}; as inputs.py's table_index_inputs. A Gather from another input of the model
+ * keeps ONNX's negative indices (counted from the end): not listed. GraphProto.initializer = 5; TensorProto:
+ * dims = 1, name = 8.
+ */
+export function tableIndexInputs(bytes, parameters) {
+  const graph = submessages(bytes, 7)[0];
+  if (!graph) return {};
+  const { nodes, producer, inputs } = graphNodes(graph);
+  const initializers = submessages(graph, 5).map((t) => ({ name: strings(t, 8)[0] ?? '', dims: repeatedInts(t, 1) }));
+  const tables = new Set([...parameters, ...initializers.map((t) => t.name)]);
+  const rows = new Map();
+  for (const { name, shape } of graphInputs(bytes)) {
+    if (tables.has(name) && typeof shape?.[0] === 'number') rows.set(name, shape[0]);
+  }
+  for (const { name, dims } of initializers) if (dims.length) rows.set(name, dims[0]);
+  const found = {};
+  for (const node of nodes) {
+    if (node.op !== 'Gather' || !isDefaultDomain(node) || node.inputs.length < 2 || !rows.has(node.inputs[0])) continue;
+    if ((intAttribute(node, 'axis') ?? 0n) !== 0n) continue;
+    const index = tracedInput(node.inputs[1], producer, inputs);
+    if (index === null || tables.has(index) || Object.hasOwn(found, index)) continue;
+    found[index] = { table: node.inputs[0], rows: rows.get(node.inputs[0]) };
   }
   return found;
 }

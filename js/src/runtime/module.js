@@ -12,7 +12,8 @@
 
 import * as names from '../conventions.js';
 import { ArtifactError, ExecutionError } from '../errors.js';
-import { CLASS_LOSSES, TRAINING_METADATA, classLabelInputs, graphInputs, readMetadataProps, trainingMetadata } from './model-metadata.js';
+import { CLASS_LOSSES, TRAINING_METADATA, classLabelInputs, graphInputs, readMetadataProps, tableIndexInputs,
+  trainingMetadata } from './model-metadata.js';
 import { checkFeeds } from './inputs.js';
 import { readBytes } from './io.js';
 
@@ -32,19 +33,23 @@ export class Module {
     const declared = new Map(graphInputs(trainBytes).map((m) => [m.name, m]));
     const inputs = { train: userNames.map((n) => declared.get(n) ?? { name: n, type: null, shape: null }), eval: [] };
     const labels = { train: classLabelInputs(trainBytes), eval: {} };
+    const parameters = [...meta.trainable, ...meta.frozen];
+    const tables = { train: tableIndexInputs(trainBytes, parameters), eval: {} };
     let evalBytes = null;
     if (evalModel !== undefined && evalModel !== null && evalModel !== '') {
       evalBytes = await readBytes(evalModel, 'eval model');
       inputs.eval = evalUserInputs(evalBytes, meta, inputs.train, state);
       labels.eval = classLabelInputs(evalBytes);
       labels.train = withEvalClassCounts(labels.train, labels.eval);
+      tables.eval = tableIndexInputs(evalBytes, parameters);
     }
     const train = await openSession(ort, trainBytes, 'training model', sessionOptions);
     const evalSession = evalBytes && await openSession(ort, evalBytes, 'eval model', sessionOptions);
-    return new Module(ort, state, meta, train, evalSession, labels, inputs);
+    return new Module(ort, state, meta, train, evalSession, labels, inputs, tables);
   }
 
-  constructor(ort, state, meta, train, evalSession, labels = { train: {}, eval: {} }, inputs = undefined) {
+  constructor(ort, state, meta, train, evalSession, labels = { train: {}, eval: {} }, inputs = undefined,
+    tables = { train: {}, eval: {} }) {
     this.ort = ort;
     this.state = state;
     this.meta = meta;
@@ -53,6 +58,9 @@ export class Module {
     // the inputs each graph's class loss reads as labels, checked before a run (onnxruntime reads -1 as the
     // last class without an error)
     this._labels = labels;
+    // the inputs each graph reads as row indices of a parameter or constant table (token ids), checked too
+    // (onnxruntime reads -1 as the last row without an error)
+    this._tables = tables;
     // each graph's declared user inputs ([{name, type, shape}]), the feeds are checked against before a run
     const unchecked = (n) => ({ name: n, type: null, shape: null });
     this._inputs = inputs ?? { train: [...meta.user_inputs, ...meta.labels].map(unchecked),
@@ -142,7 +150,7 @@ export class Module {
   async trainStep(feeds, runOptions = undefined) {
     const state = this.state;
     this._resetFlag[0] = this._resetPending ? 1 : 0;
-    const userFeeds = checkFeeds(this._inputs.train, feeds, 'training step', this._labels.train);
+    const userFeeds = checkFeeds(this._inputs.train, feeds, 'training step', this._labels.train, this._tables.train);
     const how = { runOptions, hasLabels: Object.keys(this._labels.train).length > 0, sizeLimits: this.meta.size_limits };
     const fused = this._fusing() ? this._trainStep : null;
     this._prepared = null;
@@ -181,7 +189,7 @@ export class Module {
   /** One evaluation with the eval graph and the current parameters; returns its outputs (loss first). */
   async evalStep(feeds, runOptions = undefined) {
     if (!this._eval) throw new Error('this Module has no eval model: pass evalModel to create() to evaluate');
-    const inputs = checkFeeds(this._inputs.eval, feeds, 'eval step', this._labels.eval);
+    const inputs = checkFeeds(this._inputs.eval, feeds, 'eval step', this._labels.eval, this._tables.eval);
     for (const name of this._eval.inputNames) if (!(name in inputs)) inputs[name] = this._stateFeeds[name];
     return run(this._eval, inputs, 'eval step', { runOptions, hasLabels: Object.keys(this._labels.eval).length > 0,
       sizeLimits: this.meta.size_limits });
