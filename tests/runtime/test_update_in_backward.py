@@ -24,6 +24,12 @@ from tests import models
 OPTIMIZERS = {"adamw": lambda: blocks.AdamW(weight_decay=0.01), "sgd_momentum": lambda: blocks.SGD(momentum=0.9)}
 
 
+def _small_chunks(monkeypatch) -> None:
+    """Chunks of 32 elements: parameters split over several chunks and chunks over several parameters."""
+    monkeypatch.setattr(update_module, "CHUNK", 32)
+    monkeypatch.setattr(update_module, "IN_BACKWARD_CHUNK", 32)
+
+
 def _batches(kind: str, steps: int):
     rng = np.random.default_rng(3)
     for _ in range(steps):
@@ -47,10 +53,10 @@ def _train(folder, kind: str, in_backward: bool, steps: int = 4):
 
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("kind", ["mlp", "embeddings"])
-def test_updating_in_the_backward_trains_as_the_usual_loop(tmp_path, monkeypatch, kind, optimizer):
-    # chunks of 32 elements: parameters split over several chunks and chunks over several parameters
-    monkeypatch.setattr(update_module, "CHUNK", 32)
+@pytest.mark.parametrize("kind, chunks", [("mlp", "small"), ("embeddings", "small"), ("mlp", "default")])
+def test_updating_in_the_backward_trains_as_the_usual_loop(tmp_path, monkeypatch, kind, chunks, optimizer):
+    if chunks == "small":
+        _small_chunks(monkeypatch)
     model = models.mlp() if kind == "mlp" else models.position_classifier("slice")
     generate_artifacts(model, loss=LossType.CrossEntropyLoss, optimizer=OPTIMIZERS[optimizer](),
                        artifact_directory=tmp_path)
@@ -75,7 +81,7 @@ def test_updating_in_the_backward_trains_as_the_usual_loop(tmp_path, monkeypatch
 
 
 def test_a_nan_loss_updates_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(update_module, "CHUNK", 32)
+    _small_chunks(monkeypatch)
     generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=blocks.AdamW(),
                        artifact_directory=tmp_path)
     state, module, _ = _train(tmp_path, "mlp", in_backward=True, steps=2)
@@ -105,7 +111,7 @@ def _sqrt_model() -> onnx.ModelProto:
 
 
 def test_a_chunk_whose_gradient_is_not_finite_keeps_its_values_and_is_named(tmp_path, monkeypatch):
-    monkeypatch.setattr(update_module, "CHUNK", 32)  # W (32 elements) and s (4) in two chunks
+    _small_chunks(monkeypatch)  # W (32 elements) and s (4) in two chunks
     generate_artifacts(_sqrt_model(), loss=LossType.MSELoss, optimizer=blocks.AdamW(), artifact_directory=tmp_path)
     state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
     module = Module(tmp_path / "training_model.onnx", state)
@@ -123,7 +129,7 @@ def test_a_chunk_whose_gradient_is_not_finite_keeps_its_values_and_is_named(tmp_
 
 
 def test_an_optimizer_that_needs_every_gradient_first_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(update_module, "CHUNK", 32)
+    _small_chunks(monkeypatch)
     generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=blocks.AdamW(max_norm=1.0),
                        artifact_directory=tmp_path)
     state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
