@@ -160,3 +160,17 @@ def test_step_checkpoint_options_and_bad_resume_paths_are_one_line_errors(setup,
     err = assert_one_line_error(_cli(capsys, "train", straight, *data, "--resume", tmp_path / "broken.ckpt"))
     assert "broken.ckpt" in err
     assert (straight / "run" / "last.ckpt").is_file() and not (straight / "run" / "previous").exists()
+
+
+def test_update_in_backward_ends_as_the_usual_run(setup, capsys):
+    """`train --update-in-backward`: the same epochs and the same final checkpoint as the usual optimizer step."""
+    tmp_path, generate, straight = setup
+    arts = generate("in_backward")
+    proc = _cli(capsys, "train", arts, "--data", tmp_path / "d.npz", *TRAIN, "--update-in-backward")
+    assert proc.returncode == 0, proc.stderr
+    for ours, usual in zip(_epochs(arts), _epochs(straight), strict=True):
+        np.testing.assert_allclose(ours, usual, rtol=1e-6)
+    (ta, step_a, _), (tb, step_b, _) = _state(arts / "run" / "last.ckpt"), _state(straight / "run" / "last.ckpt")
+    assert step_a == step_b == 21 and ta.keys() == tb.keys()
+    for key in ta:
+        np.testing.assert_allclose(ta[key], tb[key], rtol=1e-5, atol=1e-7, err_msg=key)

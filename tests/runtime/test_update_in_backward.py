@@ -146,3 +146,21 @@ def test_update_in_backward_needs_onnxruntime(tmp_path):
     module = Module(tmp_path / "training_model.onnx", state, device="reference")
     with pytest.raises(ArtifactError, match="runs on onnxruntime"):
         Optimizer(tmp_path / "optimizer_model.onnx", module, update_in_backward=True)
+
+
+def test_accumulating_loops_are_told_and_gradients_cannot_be_added_to(tmp_path):
+    generate_artifacts(models.mlp(), loss=LossType.CrossEntropyLoss, optimizer=blocks.AdamW(),
+                       artifact_directory=tmp_path)
+    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    module = Module(tmp_path / "training_model.onnx", state)
+    Optimizer(tmp_path / "optimizer_model.onnx", module, update_in_backward=True)
+    (x, y), = _batches("mlp", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module(x, y)
+        module.lazy_reset_grad()
+        module(x, y)  # a reset in between: no warning
+    with pytest.warns(RuntimeWarning, match="without lazy_reset_grad.* nothing is accumulated"):
+        module(x, y)
+    with pytest.raises(RuntimeError, match="update_in_backward=True.*keeps none to add to"):
+        module.add_to_gradients(np.zeros(module.get_parameters_size(), np.float32))

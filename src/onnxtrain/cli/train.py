@@ -329,7 +329,7 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
         opts: TrainOptions, *, metrics: list[str], resume: bool | str = False, restart: bool = False,
         progress: Progress | None = None, log: Callable[[str], None] = print, title: str = "",
         log_path: str | None = None, header: str | None = None, save_every_steps: int = 0,
-        keep_last: int = 3) -> FitResult:
+        keep_last: int = 3, update_in_backward: bool = False) -> FitResult:
     """Train on (x, y) arrays that already fit the model (see onnxtrain.data.fit_dataset), writing DIR/run/.
 
     Args:
@@ -339,6 +339,8 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
             (default DIR/run/metrics.jsonl); header: logged once the checkpoint and models are loaded.
         save_every_steps: also write DIR/run/step-<S>.ckpt (and last.ckpt) every that many steps (0: never);
             keep_last: how many of those to keep, the newest (0: all).
+        update_in_backward: ``Optimizer(..., update_in_backward=True)``: each training step updates the parameters
+            during the backward, holding no gradient vector (one copy of the parameters less; docs/memory.md).
     """
     from onnxtrain.api import CheckpointState, Module, Optimizer
     from onnxtrain.conventions import TrainingMeta
@@ -367,7 +369,7 @@ def fit(artifacts: Artifacts, train: tuple[np.ndarray, np.ndarray], val: tuple[n
     state = CheckpointState.load_checkpoint(start_checkpoint)
     module = Module(training_model, state,
                     read_model(artifacts.eval, "eval model"), on_nonfinite="raise")
-    optimizer = Optimizer(artifacts.optimizer, module)
+    optimizer = Optimizer(artifacts.optimizer, module, update_in_backward=update_in_backward)
 
     with open(artifacts.training, "rb") as f:  # which artifacts a checkpoint is of (for --resume CKPT)
         artifacts_crc = zlib.crc32(f.read())
@@ -569,6 +571,10 @@ def add_parser(sub) -> None:
                         "(default 3; 0 keeps all)")
     p.add_argument("--restart", action="store_true",
                    help="start over; the previous run's checkpoints, log and plot move to DIR/run/previous/")
+    p.add_argument("--update-in-backward", action="store_true",
+                   help="update each parameter during the backward, as soon as its gradient exists: no gradient "
+                        "vector is held (one copy of the parameters less, for models that do not fit otherwise; "
+                        "same results, a little slower; not with global-norm clipping)")
     p.add_argument("--log", metavar="PATH", help="where to write the per-epoch records as JSON lines "
                    "(default DIR/run/metrics.jsonl)")
     p.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
@@ -741,7 +747,8 @@ def run(args: argparse.Namespace) -> int:
     result = fit(artifacts, (x, y), val, opts, metrics=metrics, resume=args.resume, restart=args.restart,
                  progress=Progress(args.progress), log=lambda s: print(s, flush=True),
                  title=os.path.basename(os.path.abspath(artifacts.directory)), log_path=args.log, header=header,
-                 save_every_steps=args.save_every_steps, keep_last=args.keep_last)
+                 save_every_steps=args.save_every_steps, keep_last=args.keep_last,
+                 update_in_backward=args.update_in_backward)
     for line in describe_files(result):
         print(line)
     return 130 if result.interrupted else 0

@@ -154,8 +154,13 @@ class Module:
         Raises:
             TypeError: ``flat`` has another dtype than the trainable parameters (it is not cast).
             ValueError: ``flat`` is not 1-D or has another number of elements.
-            RuntimeError: called after ``lazy_reset_grad()`` and before the next training call.
+            RuntimeError: called after ``lazy_reset_grad()`` and before the next training call, or with an
+                optimizer that updates in the backward (there is no gradient to add to).
         """
+        if self.training_run.updates_in_backward:
+            raise RuntimeError("add_to_gradients: the Optimizer updates in the backward (update_in_backward=True), "
+                               "so the training call has already applied its gradients and keeps none to add to; "
+                               "use an Optimizer without update_in_backward to add a term to the gradients")
         flat = flat.numpy() if _is_ortvalue(flat) else np.asarray(flat)
         values = self.training_run.values
         grads = values.grads.current

@@ -75,6 +75,7 @@ class InBackward:
     scattered: list[str]  # parameters whose gradient is scattered into its buffer (bound, zeroed before a run)
     finite: list[np.ndarray]  # one flag per chunk, written by each run: that chunk was updated
     session: object = None
+    warned_accumulation: bool = False
 
 
 def _differing_fields(meta: TrainingMeta, eval_model: onnx.ModelProto) -> list[str]:
@@ -325,6 +326,11 @@ class TrainingRun:
     def _train_step_in_backward(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """One training call that also applies the update (each chunk whose gradient and the loss are finite)."""
         values, update, graph = self.values, self._update, self._in_backward
+        if not self._reset_pending and not graph.warned_accumulation:  # a loop that accumulates gradients
+            graph.warned_accumulation = True
+            warnings.warn("two training calls without lazy_reset_grad() in between: with update_in_backward=True "
+                          "every call updates the parameters with its own gradients, nothing is accumulated",
+                          RuntimeWarning, stacklevel=4)
         if graph.session is None:
             graph.session = self._open_training(graph.model, "training model updating in the backward")
             self._variants.clear()  # as for the fused session: the separate ones are not needed

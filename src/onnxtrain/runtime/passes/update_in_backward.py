@@ -94,7 +94,8 @@ class UpdateInBackward(Pass):
                 raise PassError(f"the fused graph does not compute the chunk gradient {grad!r}")
         readers = reader_index(node_inputs(node) for node in nodes)
         owners = self._chunk_nodes(nodes, producer, gradients)
-        below = _ancestor_sets(nodes, producer)
+        parameter_readers = {p: _memory_readers(p, nodes, readers) for p in self.trainable}
+        below = _AncestorSets(nodes, producer, set().union(*parameter_readers.values()))
         elem_type = next(i.type.tensor_type.elem_type for i in g.input if i.name == fused(chunk_name(names.PARAMS, 0)))
         dtype = helper.tensor_dtype_to_np_dtype(elem_type)
 
@@ -116,8 +117,7 @@ class UpdateInBackward(Pass):
         for i, (a, b) in enumerate(self.bounds):
             covered = [p for k, p in enumerate(self.trainable) if max(a, offsets[k]) < min(b, offsets[k + 1])]
             grad_node = producer[gradients[i]]
-            late = sorted({r for p in covered for r in _memory_readers(p, nodes, readers)
-                           if not below[grad_node] >> r & 1})
+            late = sorted({r for p in covered for r in parameter_readers[p] if not below.has(grad_node, r)})
             pre, wait = [], gradients[i]
             if late:
                 wait = fused(f"in_backward/{gradients[i]}/waited")
@@ -219,8 +219,11 @@ class UpdateInBackward(Pass):
         nodes = list(model.graph.node)
         producer = producer_index(nodes)
         readers = reader_index(node_inputs(node) for node in nodes)
-        below = _ancestor_sets(nodes, producer)
         offsets = np.cumsum([0, *self.sizes]).tolist()
+        chunks = range(len(self.bounds))
+        aliased = [*self.trainable, *(self.fused(chunk_name(v, i)) for v in self.vectors for i in chunks)]
+        memory_readers = {m: _memory_readers(m, nodes, readers, terminal=False) for m in aliased}
+        below = _AncestorSets(nodes, producer, set().union(*memory_readers.values()))
         for i, (a, b) in enumerate(self.bounds):
             covered = [p for k, p in enumerate(self.trainable) if max(a, offsets[k]) < min(b, offsets[k + 1])]
             for v in self.vectors:
@@ -228,8 +231,7 @@ class UpdateInBackward(Pass):
                 memory = [x, *covered] if v == names.PARAMS else [x]
                 writer = producer[out]
                 for m in memory:
-                    late = [r for r in _memory_readers(m, nodes, readers, terminal=False)
-                            if r != writer and not below[writer] >> r & 1]
+                    late = [r for r in memory_readers[m] if r != writer and not below.has(writer, r)]
                     if late:
                         node = nodes[late[0]]
                         raise PassError(f"{node.op_type} node {node.name or node.output[0]!r} reads {m!r} but "
@@ -257,18 +259,24 @@ def _memory_readers(value: str, nodes: list[onnx.NodeProto], readers: dict[str, 
     return found
 
 
-def _ancestor_sets(nodes: list[onnx.NodeProto], producer: dict[str, int]) -> list[int]:
-    """For each node (in a topologically sorted graph), a bit set of the nodes it is computed from, itself
-    included."""
-    below: list[int] = []
-    for k, node in enumerate(nodes):
-        bits = 1 << k
-        for x in node_inputs(node):
-            j = producer.get(x)
-            if j is not None and j < k:
-                bits |= below[j]
-        below.append(bits)
-    return below
+class _AncestorSets:
+    """Which of the ``tracked`` nodes each node of a topologically sorted graph is computed from: a bit set per
+    node over the tracked nodes only (a few per parameter), so its size does not grow with the graph's square."""
+
+    def __init__(self, nodes: list[onnx.NodeProto], producer: dict[str, int], tracked: set[int]):
+        self._bit = {k: j for j, k in enumerate(sorted(tracked))}
+        self._sets: list[int] = []
+        for k, node in enumerate(nodes):
+            bits = 1 << self._bit[k] if k in self._bit else 0
+            for x in node_inputs(node):
+                j = producer.get(x)
+                if j is not None and j < k:
+                    bits |= self._sets[j]
+            self._sets.append(bits)
+
+    def has(self, node: int, ancestor: int) -> bool:
+        """Whether tracked node ``ancestor`` is ``node`` or one of the nodes it is computed from."""
+        return bool(self._sets[node] >> self._bit[ancestor] & 1)
 
 
 def _sum(nodes: list[onnx.NodeProto], values: list[str], name: str) -> str:
