@@ -40,7 +40,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from onnxtrain import conventions as names
 from onnxtrain.errors import PassError
@@ -82,8 +82,7 @@ class UpdateInBackward(Pass):
     def call(self, model: onnx.ModelProto) -> PassResult:
         g, fused = model.graph, self.fused
         nodes = list(g.node)
-        n = len(self.bounds)
-        gradients = [fused(chunk_name(names.GRADIENTS, i)) for i in range(n)]
+        gradients = [fused(chunk_name(names.GRADIENTS, i)) for i in range(len(self.bounds))]
         combined = [node for node in nodes if node.name.endswith("/combine") and node.name.startswith(fused.prefix)]
         if combined:
             raise PassError(f"the optimizer combines every chunk ({combined[0].op_type} node {combined[0].name!r}, "
@@ -96,99 +95,69 @@ class UpdateInBackward(Pass):
         owners = self._chunk_nodes(nodes, producer, gradients)
         parameter_readers = {p: _memory_readers(p, nodes, readers) for p in self.trainable}
         below = _AncestorSets(nodes, producer, set().union(*parameter_readers.values()))
-        elem_type = next(i.type.tensor_type.elem_type for i in g.input if i.name == fused(chunk_name(names.PARAMS, 0)))
-        dtype = helper.tensor_dtype_to_np_dtype(elem_type)
-
-        added: list[onnx.NodeProto] = []
-        initializers = [*g.initializer]
-
-        def constant(name: str, value: np.ndarray) -> str:
-            initializers.append(onnx.numpy_helper.from_array(value, fused(name)))
-            return fused(name)
-
-        zero_dims = constant("in_backward/zero_dims", np.zeros(1, np.int64))
-        zero_int = constant("in_backward/zero_int", np.zeros((), np.int64))
-        zero = constant("in_backward/zero", np.zeros((), dtype))
-        loss = fused("in_backward/loss")
-        added.append(helper.make_node("Cast", [self.loss], [loss], to=elem_type, name=loss))
-        offsets = np.cumsum([0, *self.sizes]).tolist()
+        params = fused(chunk_name(names.PARAMS, 0))
+        build = _Builder(fused, next(i.type.tensor_type.elem_type for i in g.input if i.name == params))
+        loss = build.node("Cast", [self.loss], "in_backward/loss", to=build.elem_type)
         outputs = [o for o in g.output if o.name not in set(gradients)]
-        waited_nodes: dict[int, tuple[list[onnx.NodeProto], list[onnx.NodeProto]]] = {}
-        for i, (a, b) in enumerate(self.bounds):
-            covered = [p for k, p in enumerate(self.trainable) if max(a, offsets[k]) < min(b, offsets[k + 1])]
-            grad_node = producer[gradients[i]]
-            late = sorted({r for p in covered for r in parameter_readers[p] if not below.has(grad_node, r)})
-            pre, wait = [], gradients[i]
-            if late:
-                wait = fused(f"in_backward/{gradients[i]}/waited")
-                sizes = []
-                for r in late:
-                    sizes.append(fused(f"in_backward/size/{i}/{r}"))
-                    pre.append(helper.make_node("Size", [nodes[r].output[0]], [sizes[-1]], name=sizes[-1]))
-                total = _sum(pre, sizes, fused(f"in_backward/size/{i}"))
-                pre.append(helper.make_node("Mul", [total, zero_int], [total + "/0"], name=total + "/0"))
-                pre.append(helper.make_node("Add", [zero_dims, total + "/0"], [wait + "/shape"],
-                                            name=wait + "/shape"))
-                pre.append(helper.make_node("Reshape", [gradients[i], wait + "/shape"], [wait], name=wait))
-            # the chunk's state inputs, read through views that wait for the (waited) gradient
-            base = fused(f"in_backward/chunk{i}")
-            pre.append(helper.make_node("Size", [wait], [base + "/size"], name=base + "/size"))
-            pre.append(helper.make_node("Mul", [base + "/size", zero_int], [base + "/size0"], name=base + "/size0"))
-            pre.append(helper.make_node("Add", [zero_dims, base + "/size0"], [base + "/shape"], name=base + "/shape"))
-            views = {gradients[i]: wait}
+        for i, covered in enumerate(self._covered()):
+            computed_from = producer[gradients[i]]
+            late = sorted({r for p in covered for r in parameter_readers[p] if not below.has(computed_from, r)})
+            gradient = build.waiting(gradients[i], [nodes[r].output[0] for r in late], f"in_backward/{gradients[i]}")
+            # the chunk's state inputs, read through views that wait for the gradient
+            views = {gradients[i]: gradient}
             for v in self.vectors:
                 x = fused(chunk_name(v, i))
-                views[x] = f"{x}/waited"
-                pre.append(helper.make_node("Reshape", [x, base + "/shape"], [views[x]], name=views[x]))
-            total = fused(f"in_backward/sum{i}")
-            pre.append(helper.make_node("ReduceSum", [wait], [total], keepdims=0, name=total))
-            pre.append(helper.make_node("Add", [total, loss], [total + "/loss"], name=total + "/loss"))
-            pre.append(helper.make_node("Sub", [total + "/loss", total + "/loss"], [total + "/diff"],
-                                        name=total + "/diff"))
-            flag = finite_name(fused, i)
-            pre.append(helper.make_node("Equal", [total + "/diff", zero], [flag], name=flag))
+                views[x] = build.waiting(x, [gradient], f"in_backward/{x}")
+            total = build.node("ReduceSum", [gradient], f"in_backward/sum{i}", keepdims=0)
+            total = build.node("Add", [total, loss], f"in_backward/sum{i}/loss")
+            difference = build.node("Sub", [total, total], f"in_backward/sum{i}/diff")  # 0 unless NaN or inf
+            flag = build.node("Equal", [difference, build.zero], finite_name(fused, i), prefixed=False)
             outputs.append(helper.make_tensor_value_info(flag, onnx.TensorProto.BOOL, []))
-            renamed = {}
-            for v in self.vectors:
-                out = fused(chunk_name(names.output_name(v), i))
-                writer = producer.get(out)
-                if writer is None or writer not in owners[i]:
-                    raise PassError(f"the chunk output {out!r} is not written by the chunk's update")
-                renamed[out] = f"{out}/new"
-            body = []
-            for k in owners[i]:
-                node = clone(nodes[k])
-                for j, x in enumerate(node.input):  # the new values are read before the gate writes them
-                    node.input[j] = views.get(x) or renamed.get(x) or x
-                for j, x in enumerate(node.output):
-                    node.output[j] = renamed.get(x, x)
-                body.append(node)
-            gated = [fused(chunk_name(names.output_name(v), i)) for v in self.vectors]
-            kept = [helper.make_node("Identity", [views[fused(chunk_name(v, i))]], [f"{out}/kept"], name=f"{out}/kept")
-                    for v, out in zip(self.vectors, gated)]
-            new_values, kept_values = ([helper.make_tensor_value_info(f"{out}/{suffix}", elem_type, [b - a])
-                                        for out in gated] for suffix in ("new", "kept"))
-            gate = helper.make_node("If", [flag], gated, name=base + "/gate",
-                                    then_branch=helper.make_graph(body, base + "/update", [], new_values),
-                                    else_branch=helper.make_graph(kept, base + "/keep", [], kept_values))
-            waited_nodes[i] = (pre, [gate])
-
+            build.nodes.append(self._gate(i, [nodes[k] for k in owners[i]], producer, owners[i], views, flag,
+                                          build.elem_type))
         # training nodes first, then per chunk: its waits and its gated update (the leaves, in chunk order)
         in_chunks = {k for ks in owners for k in ks}
-        result_nodes = [nodes[k] for k in range(len(nodes)) if k not in in_chunks]
-        result_nodes.extend(added)
-        for i in range(n):
-            pre, gate = waited_nodes[i]
-            result_nodes.extend(pre + gate)
         result = clone(model)
         del result.graph.node[:]
-        result.graph.node.extend(result_nodes)
-        del result.graph.initializer[:]
-        result.graph.initializer.extend(initializers)
+        result.graph.node.extend([nodes[k] for k in range(len(nodes)) if k not in in_chunks] + build.nodes)
+        result.graph.initializer.extend(build.initializers)
         del result.graph.output[:]
         result.graph.output.extend(outputs)
         self._check(result)
         return PassResult(result, True)
+
+    def _covered(self) -> list[list[str]]:
+        """The trainable parameters each chunk overlaps."""
+        offsets = np.cumsum([0, *self.sizes]).tolist()
+        return [[p for k, p in enumerate(self.trainable) if max(a, offsets[k]) < min(b, offsets[k + 1])]
+                for a, b in self.bounds]
+
+    def _gate(self, i: int, update: list[onnx.NodeProto], producer: dict[str, int], owned: list[int],
+              views: dict[str, str], flag: str, elem_type: int) -> onnx.NodeProto:
+        """``If(flag)``: then chunk ``i``'s update nodes (reading its inputs through ``views``), else its inputs
+        as they are; its outputs are the chunk's outputs (bound to its inputs' memory)."""
+        gated = [self.fused(chunk_name(names.output_name(v), i)) for v in self.vectors]
+        for out in gated:
+            if producer.get(out) not in owned:
+                raise PassError(f"the chunk output {out!r} is not written by the chunk's update")
+        renamed = {out: f"{out}/new" for out in gated}
+        body = []
+        for node in update:
+            node = clone(node)
+            for j, x in enumerate(node.input):  # the new values are read before the gate writes them
+                node.input[j] = views.get(x) or renamed.get(x) or x
+            for j, x in enumerate(node.output):
+                node.output[j] = renamed.get(x, x)
+            body.append(node)
+        kept = [helper.make_node("Identity", [views[self.fused(chunk_name(v, i))]], [f"{out}/kept"],
+                                 name=f"{out}/kept") for v, out in zip(self.vectors, gated)]
+        size = self.bounds[i][1] - self.bounds[i][0]
+        new_values, kept_values = ([helper.make_tensor_value_info(f"{out}/{suffix}", elem_type, [size])
+                                    for out in gated] for suffix in ("new", "kept"))
+        base = self.fused(f"in_backward/chunk{i}")
+        return helper.make_node("If", [flag], gated, name=base + "/gate",
+                                then_branch=helper.make_graph(body, base + "/update", [], new_values),
+                                else_branch=helper.make_graph(kept, base + "/keep", [], kept_values))
 
     def _chunk_nodes(self, nodes: list[onnx.NodeProto], producer: dict[str, int],
                      gradients: list[str]) -> list[list[int]]:
@@ -219,13 +188,11 @@ class UpdateInBackward(Pass):
         nodes = list(model.graph.node)
         producer = producer_index(nodes)
         readers = reader_index(node_inputs(node) for node in nodes)
-        offsets = np.cumsum([0, *self.sizes]).tolist()
         chunks = range(len(self.bounds))
         aliased = [*self.trainable, *(self.fused(chunk_name(v, i)) for v in self.vectors for i in chunks)]
         memory_readers = {m: _memory_readers(m, nodes, readers, terminal=False) for m in aliased}
         below = _AncestorSets(nodes, producer, set().union(*memory_readers.values()))
-        for i, (a, b) in enumerate(self.bounds):
-            covered = [p for k, p in enumerate(self.trainable) if max(a, offsets[k]) < min(b, offsets[k + 1])]
+        for i, covered in enumerate(self._covered()):
             for v in self.vectors:
                 x, out = self.fused(chunk_name(v, i)), self.fused(chunk_name(names.output_name(v), i))
                 memory = [x, *covered] if v == names.PARAMS else [x]
@@ -279,10 +246,40 @@ class _AncestorSets:
         return bool(self._sets[node] >> self._bit[ancestor] & 1)
 
 
-def _sum(nodes: list[onnx.NodeProto], values: list[str], name: str) -> str:
-    """The sum of ``values`` (int64 scalars), computed by nodes appended to ``nodes``."""
-    total = values[0]
-    for k, value in enumerate(values[1:]):  # Add: Sum takes no integers
-        nodes.append(helper.make_node("Add", [total, value], [f"{name}/{k}"], name=f"{name}/{k}"))
-        total = f"{name}/{k}"
-    return total
+class _Builder:
+    """The nodes and constants the pass adds, named under the fused graph's optimizer prefix."""
+
+    def __init__(self, fused: FusedNames, elem_type: int):
+        self.fused, self.elem_type = fused, elem_type
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.zero = self.constant("in_backward/zero", np.zeros((), helper.tensor_dtype_to_np_dtype(elem_type)))
+        self._zero_int = self.constant("in_backward/zero_int", np.zeros((), np.int64))
+        self._zero_dims = self.constant("in_backward/zero_dims", np.zeros(1, np.int64))
+        self._shapes: dict[tuple[str, ...], str] = {}  # the waiting shape for each set of values waited for
+
+    def constant(self, name: str, value: np.ndarray) -> str:
+        self.initializers.append(numpy_helper.from_array(value, self.fused(name)))
+        return self.fused(name)
+
+    def node(self, op_type: str, inputs: list[str], name: str, prefixed: bool = True, **attributes) -> str:
+        """Append a node of one output, named ``name`` (under the prefix if ``prefixed``); returns the output."""
+        name = self.fused(name) if prefixed else name
+        self.nodes.append(helper.make_node(op_type, inputs, [name], name=name, **attributes))
+        return name
+
+    def waiting(self, vector: str, values: list[str], name: str) -> str:
+        """``vector`` (1-D) as a view that onnxruntime computes only once ``values`` exist:
+        ``Reshape(vector, [0] + 0 * (Size(a) + Size(b) + ...))``; ``vector`` itself when there is nothing to wait
+        for."""
+        if not values:
+            return vector
+        key = tuple(values)
+        if key not in self._shapes:
+            total = ""
+            for k, value in enumerate(values):
+                size = self.node("Size", [value], f"{name}/size{k}")
+                total = self.node("Add", [total, size], f"{name}/sum{k}") if total else size
+            zero = self.node("Mul", [total, self._zero_int], f"{name}/zero")
+            self._shapes[key] = self.node("Add", [self._zero_dims, zero], f"{name}/shape")
+        return self.node("Reshape", [vector, self._shapes[key]], f"{name}/waited")
