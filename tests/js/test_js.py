@@ -130,3 +130,38 @@ def test_javascript_reads_the_labels_range_python_reads(fixtures, tmp_path):
         assert json.loads(result.stdout) == {"labels": {"loss": python.loss, "classes": python.classes,
                                                         "ignoreIndex": python.ignore_index}}
         assert python.classes == 6 and python.ignore_index == -100
+
+
+def test_javascript_reads_the_token_id_tables_python_reads(fixtures, tmp_path):
+    """tableIndexInputs (JavaScript) and table_index_inputs (Python) agree on generated artifacts whose token ids
+    index a trained embedding, and on the same graphs with that embedding frozen (a table of the checkpoint's
+    frozen parameters) or trained and passed as trainable only."""
+    import json
+
+    import onnx
+
+    from onnxtrain.artifacts import LossType, generate_artifacts
+    from onnxtrain.conventions import TrainingMeta
+    from onnxtrain.runtime.inputs import table_index_inputs
+    from tests import models
+
+    script = ("import { readFileSync } from 'node:fs';"
+              "import { tableIndexInputs } from './src/runtime/model-metadata.js';"
+              "const found = tableIndexInputs(new Uint8Array(readFileSync(process.argv[1])), "
+              "JSON.parse(process.argv[2]));"
+              "console.log(JSON.stringify(found));")
+    for requires_grad in (None, ["fc"]):
+        folder = tmp_path / ("all" if requires_grad is None else "head")
+        paths = generate_artifacts(models.position_classifier("slice"), requires_grad=requires_grad,
+                                   loss=LossType.CrossEntropyLoss, artifact_directory=folder)
+        for kind in ("training", "eval"):
+            model = onnx.load(paths[kind])
+            meta = TrainingMeta.from_model(model)
+            parameters = [*meta.trainable, *meta.frozen]
+            result = subprocess.run(["node", "--input-type=module", "-e", script, str(paths[kind]),
+                                     json.dumps(parameters)], cwd=JS, capture_output=True, text=True, timeout=60,
+                                    check=True)
+            python = {name: {"table": t.table, "rows": t.rows}
+                      for name, t in table_index_inputs(model, parameters).items()}
+            assert json.loads(result.stdout) == python, (requires_grad, kind)
+            assert python == {"ids": {"table": "tokens", "rows": models.VOCAB}}, (requires_grad, kind)
