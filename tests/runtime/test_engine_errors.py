@@ -110,3 +110,28 @@ def test_a_kernel_that_stops_on_a_nan_input_names_the_input():
         run_session(Refusing(), "training step", {"x": x, "labels": np.zeros(2, np.int64)})
     with pytest.raises(ExecutionError, match="narrowing_error"):   # finite inputs: the engine's error as it is
         run_session(Refusing(), "training step", {"x": np.zeros((2, 1, 4, 4), np.float32)})
+
+
+@pytest.mark.parametrize("message", [
+    "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned while running MatMul node. "
+    "Name:'/encoder/MatMul' Status Message: /onnxruntime_src/onnxruntime/core/framework/bfc_arena.cc:376 void* "
+    "onnxruntime::BFCArena::AllocateRawInternal(size_t, bool, onnxruntime::Stream*, bool, "
+    "onnxruntime::WaitNotificationFn) Failed to allocate memory for requested buffer of size 3221225472",
+    "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Exception during initialization: std::bad_alloc",
+])
+def test_running_out_of_memory_says_what_holds_less(message):
+    """An allocation failure inside the engine: the hint names what needs less memory (update_in_backward among
+    them), not the inputs' values."""
+    from onnxtrain.runtime.engine_errors import run_session
+
+    class Refusing:
+        def run(self, *args, **kwargs):
+            raise RuntimeError(message)
+
+    with pytest.raises(ExecutionError) as info:
+        run_session(Refusing(), "training step")
+    text = str(info.value)
+    assert text.startswith("the training step failed in a MatMul node ('/encoder/MatMul'): onnxruntime could not "
+                           "allocate 3,072 MiB (out of memory" if "MatMul" in message
+                           else "the training step failed: Exception during initialization: std::bad_alloc (out of")
+    assert "out of memory" in text and "update_in_backward=True" in text and "check the input" not in text

@@ -18,6 +18,12 @@ _NODE = re.compile(r"running (\w+) node(?:\. Name:'([^']*)')?")
 _SHAPE_MESSAGE = re.compile(r"invalid dimensions|Invalid rank|Unexpected input data type", re.IGNORECASE)
 # the ops where a class label (or another index) out of range fails; elsewhere that hint would mislead
 _INDEX_READERS = CLASS_LOSSES | {"OneHot", "Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND"}
+# onnxruntime's arena, or the C++ allocator under it, out of memory
+_OUT_OF_MEMORY = re.compile(r"Failed to allocate memory|bad_alloc", re.IGNORECASE)
+_REQUESTED = re.compile(r"requested buffer of size (\d+)")
+_MEMORY_HINT = ("out of memory: try a smaller batch or sequence; when training, Optimizer(..., "
+                "update_in_backward=True) holds no gradient vector (one copy of the trained parameters less), and "
+                "freezing layers (frozen_params, trainable_ops=N) or LoRA trains fewer; docs/memory.md")
 
 
 def _engine_message(exc: BaseException) -> str:
@@ -50,6 +56,11 @@ def run_session(session, what: str, *args, **kwargs) -> list[np.ndarray]:
         too_long = exceeded(session.size_limits(), feeds) if hasattr(session, "size_limits") else ""
         if too_long:
             raise ExecutionError(f"{failed} ({too_long})") from None
+        if _OUT_OF_MEMORY.search(str(exc)):
+            size = _REQUESTED.search(str(exc))
+            said = (f"onnxruntime could not allocate {int(size.group(1)) / 2**20:,.0f} MiB" if size
+                    else _engine_message(exc))
+            raise ExecutionError(f"the {what} failed{where}: {said} ({_MEMORY_HINT})") from None
         hint = ("check the inputs' shapes and values" if not index
                 else "check the input values, e.g. token ids must be below the embedding's vocabulary size"
                 if node and node.group(1) == "Gather"
