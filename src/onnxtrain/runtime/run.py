@@ -45,6 +45,7 @@ from onnxtrain.runtime.passes import (
     ScatterIntoGradient,
     SpecializeReset,
     UpdateInBackward,
+    chunk_slots,
     constant_names,
     finite_name,
     zeroed_before_run,
@@ -222,8 +223,7 @@ class TrainingRun:
         state.update({names.grad_buffer_name(p): g for p, g in values.grads.views().items()})
         self._reset[...] = self._reset_pending
         state[names.LAZY_RESET_GRAD] = self._reset
-        out = {self.train_outputs[0].name: self.loss}
-        out.update({names.buffer_output_name(b): self._buffer_spare[b] for b in values.buffers})
+        out = self._loss_and_buffer_outputs()
         self._prepared = None
         fused = self._fused_session_for(self._reset_pending) if self._fusing() else None
         for p in self._zeroed_before(self._reset_pending) if self._reset_pending else ():
@@ -243,14 +243,26 @@ class TrainingRun:
         extras = run_session(session, "training step", feeds, out, list(self.meta.additional_outputs), state=state)
         if fused is not None:
             self._prepared = PreparedUpdate(self._update, float(self._update.learning_rate), values.version)
-        self._calls_since_step += 1
         values.grads.swap()
+        self._finish_training_call()
+        return extras
+
+    def _loss_and_buffer_outputs(self) -> dict[str, np.ndarray]:
+        """A training run's outputs that every variant binds: the loss, and the new buffers into the spare ones."""
+        out = {self.train_outputs[0].name: self.loss}
+        out.update({names.buffer_output_name(b): self._buffer_spare[b] for b in self.values.buffers})
+        return out
+
+    def _finish_training_call(self) -> None:
+        """After a training run: count it, note whether the loss is finite, and take the new buffers unless it is
+        not (a batch whose loss is not finite leaves the running statistics as they were)."""
+        self._calls_since_step += 1
         self.last_loss_finite = bool(np.isfinite(self.loss))
-        if self.last_loss_finite:  # a batch whose loss is not finite leaves the running statistics as they were
+        if self.last_loss_finite:
+            values = self.values
             for b in values.buffers:
                 values.buffers[b], self._buffer_spare[b] = self._buffer_spare[b], values.buffers[b]
         self._reset_pending = False
-        return extras
 
     def eval_step(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The eval graph's outputs (loss first) for ``feeds``; RuntimeError without an eval model."""
@@ -309,7 +321,7 @@ class TrainingRun:
         """The training graph (gradients reset at every call) fused with ``update``'s chunks, each updated as
         soon as its gradient exists; ArtifactError naming why if it cannot be built."""
         model = self._specialized(True)
-        scattered = self._zeroed[True]
+        scattered = self._zeroed_before(True)
         values = self.values
         try:
             fused = FuseOptimizer(update.model, self.meta.trainable, update.bounds, values.params.sizes,
@@ -336,8 +348,7 @@ class TrainingRun:
             self._variants.clear()  # as for the fused session: the separate ones are not needed
             update.close_session()
         state = values.graph_values()
-        out = {self.train_outputs[0].name: self.loss}
-        out.update({names.buffer_output_name(b): self._buffer_spare[b] for b in values.buffers})
+        out = self._loss_and_buffer_outputs()
         for p in graph.scattered:  # scattered into the buffer, which its output is bound to
             values.grads.zero(p)  # its pages given back: resident for the rows the run writes only
             state[names.grad_buffer_name(p)] = out[names.grad_output_name(p)] = values.gradient(p)
@@ -348,23 +359,19 @@ class TrainingRun:
         self._prepared = None
         extras = run_session(graph.session, "training step", feeds, out, list(self.meta.additional_outputs),
                              state=state)
-        self._calls_since_step += 1
-        self.last_loss_finite = bool(np.isfinite(self.loss))
+        self._finish_training_call()
         skipped = [i for i, flag in enumerate(graph.finite) if not flag]
         if len(skipped) < len(graph.finite):
             values.advance_step()
         if not self.last_loss_finite:
             self._in_backward_skipped = "the loss is not finite (parameters unchanged)"
         elif skipped:
-            unchanged = values.params.names_in(update.bounds, skipped)
+            slots = chunk_slots(values.params.sizes, update.bounds)
+            unchanged = [self.meta.trainable[k] for k in sorted({k for i in skipped for k in slots[i]})]
             self._in_backward_skipped = (f"the gradients of {unchanged[:5]}{' ...' if len(unchanged) > 5 else ''} "
                                          "are not finite (those parameters unchanged, the others updated)")
         else:
             self._in_backward_skipped = None
-        if self.last_loss_finite:
-            for b in values.buffers:
-                values.buffers[b], self._buffer_spare[b] = self._buffer_spare[b], values.buffers[b]
-        self._reset_pending = False
         return extras
 
     # -- sessions --------------------------------------------------------------------------------------------

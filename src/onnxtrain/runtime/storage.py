@@ -99,12 +99,6 @@ class FlatStorage:
             self._chunks[key] = [self._vectors[index][a:b] for a, b in bounds]
         return self._chunks[key]
 
-    def names_in(self, bounds: Sequence[tuple[int, int]], chunks: Sequence[int]) -> list[str]:
-        """The slots that chunks ``chunks`` of ``bounds`` overlap, in layout order."""
-        spans = [bounds[i] for i in chunks]
-        return [name for name, size in zip((n for n, _ in self.layout), self.sizes)
-                if any(max(a, self.offsets[name]) < min(b, self.offsets[name] + size) for a, b in spans)]
-
     def zero(self, name: str) -> None:
         """Fill slot ``name`` of the current vector with zeros; in a releasable vector, its whole pages are given
         back to the system instead (they read as zeros)."""
@@ -129,4 +123,3 @@ class FlatStorage:
 
     def __contains__(self, name: str) -> bool:
         return name in self.offsets
-

@@ -82,17 +82,15 @@ class UpdateGraph:
                                 + _layout_difference(self.meta.layout, values.params.layout))
         self.artifact = model
         self.checks_finite = any(o.name == names.GRADIENTS_FINITE for o in model.graph.output)
-        if in_backward and device != "cpu":
-            raise ArtifactError(f"update_in_backward=True runs on onnxruntime (device='cpu'), not on {device!r}")
         self.in_backward = in_backward
-        self._not_in_place = "it has no trainable parameter"
-        self.bounds, self.model = self._split(model, values, device, force=in_backward)
-        self.in_place = False
-        if self.bounds is not None:
-            self.in_place, self.model = self._in_place(self.model, len(self.bounds))
-        if in_backward and not self.in_place:
-            raise ArtifactError("update_in_backward=True needs an optimizer graph that can be split into chunks "
-                                f"and run in place, and this one cannot: {self._not_in_place}")
+        if in_backward:
+            self.bounds, self.model = self._for_backward(model, values, device)
+            self.in_place = True
+        else:
+            self.bounds, self.model = self._split(model, values, device)
+            self.in_place = False
+            if self.bounds is not None:
+                self.in_place, self.model = self._in_place(self.model, len(self.bounds))
         if self.in_place:
             self.checks_finite = False  # the flag is not computed in the graph: TrainingRun checks first
         self._values = values
@@ -104,29 +102,43 @@ class UpdateGraph:
         # Optimizer graphs with a finiteness output check the gradients in the same run (no extra numpy pass).
         self.finite = np.zeros((), dtype=bool)
 
-    def _split(self, model: onnx.ModelProto, values: TrainingValues, device: str, force: bool = False):
-        """(chunk bounds, the model as run): split on onnxruntime when there are at least MIN_CHUNKS chunks (or
-        ``force``)."""
-        bounds = chunk_bounds(values.params.sizes, IN_BACKWARD_CHUNK if force else CHUNK)
-        if device != "cpu" or (len(bounds) < MIN_CHUNKS and not force):
+    @staticmethod
+    def _split(model: onnx.ModelProto, values: TrainingValues, device: str):
+        """(chunk bounds, the model as run): split on onnxruntime when there are at least MIN_CHUNKS chunks."""
+        bounds = chunk_bounds(values.params.sizes, CHUNK)
+        if device != "cpu" or len(bounds) < MIN_CHUNKS:
             return None, model
         try:
             return bounds, ChunkUpdate(bounds).run(model).model
         except PassError as exc:
             logger.info("running the optimizer graph over whole vectors: %s", exc)
-            self._not_in_place = str(exc)
             return None, model
 
     def _in_place(self, model: onnx.ModelProto, chunks: int) -> tuple[bool, onnx.ModelProto]:
         """(True, the graph rewritten to be bound in place), or (False, the graph) if it cannot be."""
-        pairs = [(chunk_name(n, i), chunk_name(names.output_name(n), i))
-                 for n in (names.PARAMS, *self.meta.states) for i in range(chunks)]
         try:
-            return True, InPlaceUpdate(pairs, drop=[names.GRADIENTS_FINITE]).run(model).model
+            return True, self._bound_in_place(model, chunks)
         except PassError as exc:
             logger.info("updating the parameters double-buffered, not in place: %s", exc)
-            self._not_in_place = str(exc)
             return False, model
+
+    def _bound_in_place(self, model: onnx.ModelProto, chunks: int) -> onnx.ModelProto:
+        """The chunked graph rewritten to be bound in place (PassError if it cannot be)."""
+        pairs = [(chunk_name(n, i), chunk_name(names.output_name(n), i))
+                 for n in (names.PARAMS, *self.meta.states) for i in range(chunks)]
+        return InPlaceUpdate(pairs, drop=[names.GRADIENTS_FINITE]).run(model).model
+
+    def _for_backward(self, model: onnx.ModelProto, values: TrainingValues, device: str):
+        """(chunk bounds, the model as run) for an update inside the backward: always split, in chunks of
+        IN_BACKWARD_CHUNK, and bound in place; ArtifactError saying why if it cannot be."""
+        if device != "cpu":
+            raise ArtifactError(f"update_in_backward=True runs on onnxruntime (device='cpu'), not on {device!r}")
+        bounds = chunk_bounds(values.params.sizes, IN_BACKWARD_CHUNK)
+        try:
+            return bounds, self._bound_in_place(ChunkUpdate(bounds).run(model).model, len(bounds))
+        except PassError as exc:
+            raise ArtifactError("update_in_backward=True needs an optimizer graph that can be split into chunks "
+                                f"and run in place, and this one cannot: {exc}") from None
 
     def vectors(self, name: str, vector: np.ndarray, storage, spare: bool = False) -> dict[str, np.ndarray]:
         """The graph's input(s) or output(s) for the flat vector ``name``: the vector, or its chunks."""

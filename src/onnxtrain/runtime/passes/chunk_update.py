@@ -32,7 +32,7 @@ from onnxtrain.errors import PassError
 from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import clone, has_subgraphs
 
-__all__ = ["ChunkUpdate", "chunk_name", "chunk_bounds", "ELEMENTWISE"]
+__all__ = ["ChunkUpdate", "chunk_name", "chunk_bounds", "chunk_slots", "ELEMENTWISE"]
 
 ELEMENTWISE = frozenset({
     "Abs", "Add", "And", "Cast", "Ceil", "Clip", "Div", "Equal", "Exp", "Floor", "Greater", "GreaterOrEqual",
@@ -71,6 +71,12 @@ def chunk_bounds(sizes: Sequence[int], target: int) -> list[tuple[int, int]]:
     if offset > start:
         bounds.append((start, offset))
     return bounds
+
+
+def chunk_slots(sizes: Sequence[int], bounds: Sequence[tuple[int, int]]) -> list[list[int]]:
+    """For each chunk ``(start, stop)`` of vectors laid out as ``sizes``, the indices of the slots it overlaps."""
+    offsets = np.cumsum([0, *sizes]).tolist()
+    return [[k for k in range(len(sizes)) if max(a, offsets[k]) < min(b, offsets[k + 1])] for a, b in bounds]
 
 
 class ChunkUpdate(Pass):

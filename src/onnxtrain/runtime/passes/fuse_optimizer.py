@@ -33,7 +33,7 @@ from onnxtrain import conventions as names
 from onnxtrain.errors import PassError
 from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import clone, default_opset, has_subgraphs, used_names
-from onnxtrain.runtime.passes.chunk_update import chunk_name
+from onnxtrain.runtime.passes.chunk_update import chunk_name, chunk_slots
 
 __all__ = ["FuseOptimizer", "FusedNames"]
 
@@ -161,9 +161,8 @@ def _chunk_gradients(grads: list[str], minus_one: str, sizes: Sequence[int], chu
             flat[k] = name
         return name
 
-    for i, (a, b) in enumerate(chunks):
+    for i, ((a, b), ks) in enumerate(zip(chunks, chunk_slots(sizes, chunks))):
         out = fused(chunk_name(names.GRADIENTS, i))
-        ks = [k for k in range(len(grads)) if max(a, offsets[k]) < min(b, offsets[k + 1])]
         pieces = []
         for k in ks:
             lo, hi = max(a, offsets[k]) - offsets[k], min(b, offsets[k + 1]) - offsets[k]

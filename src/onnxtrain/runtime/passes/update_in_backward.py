@@ -46,7 +46,7 @@ from onnxtrain import conventions as names
 from onnxtrain.errors import PassError
 from onnxtrain.ir.pass_infra import Pass, PassResult
 from onnxtrain.ir.passes import clone, node_inputs, producer_index, reader_index
-from onnxtrain.runtime.passes.chunk_update import chunk_name
+from onnxtrain.runtime.passes.chunk_update import chunk_name, chunk_slots
 from onnxtrain.runtime.passes.fuse_optimizer import FusedNames
 
 __all__ = ["UpdateInBackward", "finite_name"]
@@ -128,9 +128,7 @@ class UpdateInBackward(Pass):
 
     def _covered(self) -> list[list[str]]:
         """The trainable parameters each chunk overlaps."""
-        offsets = np.cumsum([0, *self.sizes]).tolist()
-        return [[p for k, p in enumerate(self.trainable) if max(a, offsets[k]) < min(b, offsets[k + 1])]
-                for a, b in self.bounds]
+        return [[self.trainable[k] for k in slots] for slots in chunk_slots(self.sizes, self.bounds)]
 
     def _gate(self, i: int, update: list[onnx.NodeProto], producer: dict[str, int], owned: list[int],
               views: dict[str, str], flag: str, elem_type: int) -> onnx.NodeProto:
