@@ -14,6 +14,7 @@ import onnx
 
 from onnxtrain.conventions import CLASS_LOSSES
 from onnxtrain.errors import InputError
+from onnxtrain.runtime.arguments import sequence_hint
 from onnxtrain.runtime.backends.base import TensorMeta
 
 __all__ = ["ClassLabels", "TableIndices", "check_inputs", "class_label_inputs", "table_index_inputs", "describe",
@@ -283,7 +284,8 @@ def check_inputs(metas: Sequence[TensorMeta], values: Sequence[np.ndarray], what
                 array = array.astype(object)
             else:
                 raise InputError(f"{what}: input {meta.name!r} expects dtype {meta.dtype}, got {array.dtype} "
-                                 f"(expected {describe(meta)}, got {array.dtype}{list(array.shape)})")
+                                 f"(expected {describe(meta)}, got {array.dtype}{list(array.shape)})"
+                                 + (sequence_hint(value, meta.dtype) if meta.dtype != object else ""))
         if array.ndim and array.shape[0] == 0 and meta.shape and not isinstance(meta.shape[0], int):
             raise InputError(f"{what}: input {meta.name!r} holds no examples (shape {list(array.shape)}); a step "
                              "needs a batch of at least one")

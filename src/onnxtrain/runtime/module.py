@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 
 from onnxtrain.errors import NonFiniteError
+from onnxtrain.runtime.arguments import flag
 from onnxtrain.runtime.inputs import check_inputs, owned_ortvalue
 from onnxtrain.runtime.loading import load_model
 from onnxtrain.runtime.run import TrainingRun
@@ -127,17 +128,20 @@ class Module:
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """Number of parameter elements (trainable only, or all)."""
+        trainable_only = flag(trainable_only, "trainable_only", "Module.get_parameters_size")
         return self.training_run.values.parameter_count(trainable_only)
 
     def get_contiguous_parameters(self, trainable_only: bool = False):
         """All parameters (trainable, then frozen unless ``trainable_only``) as one flat OrtValue."""
+        trainable_only = flag(trainable_only, "trainable_only", "Module.get_contiguous_parameters")
         self.training_run.values.require_loaded()
         return owned_ortvalue(self.training_run.values.flat_parameters(trainable_only))
 
     def copy_buffer_to_parameters(self, buffer, trainable_only: bool = True) -> None:
         """Set the parameters from one flat buffer (numpy array or OrtValue), in get_contiguous_parameters order."""
-        flat = buffer.numpy() if _is_ortvalue(buffer) else np.asarray(buffer)
-        self.training_run.values.set_flat_parameters(flat, trainable_only)
+        trainable_only = flag(trainable_only, "trainable_only", "Module.copy_buffer_to_parameters")
+        self.training_run.values.set_flat_parameters(buffer.numpy() if _is_ortvalue(buffer) else buffer,
+                                                     trainable_only)
 
     def add_to_gradients(self, flat) -> None:
         """Add ``flat`` to the accumulated gradients of the trainable parameters, in place.

@@ -90,6 +90,11 @@ class Optimizer:
         """One update of every trainable parameter (skipped, with a warning, if the gradients are not finite).
         With ``update_in_backward``, the training calls did the update: this warns if the last one skipped it."""
         self._run.values.require_loaded()
+        if not self._run.training_calls_since_step and not self._update.in_backward:
+            warnings.warn("Optimizer.step() with no training call since the last step (or since loading): the update "
+                          "applies the gradients held (zeros after loading, else the last training calls' again) and "
+                          "counts a step, as onnxruntime-training's does; call module(inputs..., labels...) in "
+                          "training mode before each step", RuntimeWarning, stacklevel=2)
         reason = self._run.optimizer_step(self._update)
         if reason is not None:
             self.skipped_steps += 1

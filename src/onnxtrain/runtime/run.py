@@ -296,6 +296,11 @@ class TrainingRun:
         """The attached optimizer's graph (None before an Optimizer is created on the Module)."""
         return self._update
 
+    @property
+    def training_calls_since_step(self) -> int:
+        """Training calls since the last optimizer step (or since loading)."""
+        return self._calls_since_step
+
     def optimizer_step(self, update: UpdateGraph) -> str | None:
         """Apply one update of ``update`` to the parameters. Returns None, or why the step was skipped (the
         parameters and optimizer state are then unchanged)."""

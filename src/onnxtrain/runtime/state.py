@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from onnxtrain.checkpoint import CheckpointData, load_checkpoint, save_checkpoint
+from onnxtrain.runtime.arguments import flag
 from onnxtrain.runtime.values import TrainingValues
 
 __all__ = ["CheckpointState", "Parameter", "Parameters", "Buffers", "Properties"]
@@ -30,7 +31,7 @@ class Parameter:
         The peer returns a view of its buffer, which a script may edit in place (``p.data[:] = 0``). Here the
         parameter's memory may be swapped for a prepared update at the next ``optimizer.step()``, so an edit of a
         view could be lost; editing the copy raises numpy's "read-only" ValueError instead of doing nothing."""
-        return _read_only(self._values.value(self.name).copy())
+        return _read_only(self._values.value(self.name).copy(), f"parameter {self.name!r}'s .data")
 
     @data.setter
     def data(self, value: np.ndarray) -> None:
@@ -41,7 +42,7 @@ class Parameter:
         """A read-only copy of the accumulated gradient (None for frozen parameters)."""
         if not self.requires_grad:
             return None
-        return _read_only(self._values.gradient(self.name).copy())
+        return _read_only(self._values.gradient(self.name).copy(), f"parameter {self.name!r}'s .grad")
 
     def __repr__(self) -> str:
         value = self._values.value(self.name)
@@ -168,9 +169,66 @@ class Properties:
         return f"Properties({self._values!r})"
 
 
-def _read_only(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
-    return array
+class _ReadOnlyCopy(np.ndarray):
+    """The array ``Parameter.data`` and ``Parameter.grad`` return: a read-only copy whose in-place edits (``p.data[:]
+    = 0``, ``p.data += 1``) raise an error that says how to set the parameter, instead of numpy's "assignment
+    destination is read-only". Arrays computed from it are plain and writeable."""
+
+    what = "the copy"
+
+    def __array_finalize__(self, obj) -> None:
+        self.what = getattr(obj, "what", type(self).what)
+
+    def __array_wrap__(self, array, context=None, return_scalar=False):
+        result = np.asarray(array)  # computed arrays: plain ndarrays
+        return result[()] if return_scalar else result
+
+    def __repr__(self) -> str:
+        return repr(self.view(np.ndarray))
+
+    def __reduce__(self):  # pickled (and deep-copied) as the plain array it shows
+        return np.asarray(self).copy().__reduce__()
+
+    def copy(self, order="C") -> np.ndarray:
+        """A plain, writeable copy."""
+        return np.array(self.view(np.ndarray), order=order, copy=True)
+
+    def __copy__(self) -> np.ndarray:
+        return self.copy()
+
+    def __deepcopy__(self, memo) -> np.ndarray:
+        return self.copy()
+
+    def _refuse(self, *args, **kwargs):
+        if not self.flags.writeable:
+            raise ValueError(f"{self.what} is a read-only copy, so an edit in place would change nothing; assign a "
+                             "whole array instead: state.parameters[name].data = new_array (or module."
+                             "copy_buffer_to_parameters for all of them)")
+        return None
+
+
+def _in_place(method: str):
+    base = getattr(np.ndarray, method)
+
+    def method_(self, *args, **kwargs):
+        self._refuse()
+        return base(self, *args, **kwargs)
+    method_.__name__ = method
+    return method_
+
+
+for _method in ("__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__ipow__",
+                "__imod__", "__imatmul__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "fill",
+                "sort", "put", "itemset", "resize"):
+    if hasattr(np.ndarray, _method):
+        setattr(_ReadOnlyCopy, _method, _in_place(_method))
+
+
+def _read_only(array: np.ndarray, what: str) -> np.ndarray:
+    view = array.view(_ReadOnlyCopy)
+    view.what = what
+    view.flags.writeable = False
+    return view
 
 
 _INT64 = np.iinfo(np.int64)
@@ -206,6 +264,11 @@ def _checkpoint_path(uri, what: str) -> str | os.PathLike:
             raise TypeError(f"CheckpointState.{what} takes the checkpoint's path, got {len(raw)} bytes that are not "
                             "a path (a checkpoint's content?): write them to a file and pass its path")
         return os.fsdecode(raw)
+    if not isinstance(uri, (str, os.PathLike)):
+        raise TypeError(f"CheckpointState.{what}: checkpoint_uri must be a path (str or os.PathLike), got "
+                        f"{type(uri).__name__}")
+    if not os.fspath(uri):
+        raise ValueError(f"CheckpointState.{what}: checkpoint_uri is empty; give the checkpoint file's path")
     return uri
 
 
@@ -248,6 +311,13 @@ class CheckpointState:
     def save_checkpoint(cls, state: CheckpointState, checkpoint_uri: str | os.PathLike,
                         include_optimizer_state: bool = False) -> None:
         """Write ``state`` atomically to ``checkpoint_uri``."""
+        if not isinstance(state, CheckpointState):
+            swapped = " (the arguments are swapped: save_checkpoint(state, path))" if isinstance(
+                checkpoint_uri, CheckpointState) else ""
+            raise TypeError(f"CheckpointState.save_checkpoint(state, checkpoint_uri): state must be a "
+                            f"CheckpointState, got {type(state).__name__} {state!r:.80}{swapped}")
+        include_optimizer_state = flag(include_optimizer_state, "include_optimizer_state",
+                                       "CheckpointState.save_checkpoint")
         checkpoint_uri = _checkpoint_path(checkpoint_uri, "save_checkpoint")
         save_checkpoint(state.values.to_data(include_optimizer_state, copy=False), checkpoint_uri,
                         include_optimizer_state=include_optimizer_state)

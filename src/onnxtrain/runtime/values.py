@@ -15,6 +15,7 @@ import numpy as np
 from onnxtrain.checkpoint import CheckpointData
 from onnxtrain.conventions import TrainingMeta
 from onnxtrain.errors import CheckpointError
+from onnxtrain.runtime.arguments import sequence_hint
 from onnxtrain.runtime.backends.base import TensorMeta
 from onnxtrain.runtime.storage import FlatStorage
 
@@ -130,11 +131,12 @@ class TrainingValues:
     def set_value(self, name: str, value) -> None:
         """Overwrite a parameter, checking shape and dtype."""
         target = self.value(name)
-        value = np.asarray(value)
+        given, value = value, np.asarray(value)
         if value.shape != target.shape:
             raise ValueError(f"parameter {name!r} has shape {target.shape}, got a value of shape {value.shape}")
         if value.dtype != target.dtype:
-            raise TypeError(f"parameter {name!r} has dtype {target.dtype}, got a value of dtype {value.dtype}")
+            raise TypeError(f"parameter {name!r} has dtype {target.dtype}, got a value of dtype {value.dtype}"
+                            + sequence_hint(given, target.dtype))
         target[...] = value
         self.version += 1
         if name in self.frozen:
@@ -168,13 +170,16 @@ class TrainingValues:
         return flat
 
     def set_flat_parameters(self, flat: np.ndarray, trainable_only: bool = True) -> None:
-        """The inverse of :meth:`flat_parameters`."""
+        """The inverse of :meth:`flat_parameters` (``flat``: an array, or a Python sequence whose dtype the
+        error names)."""
+        given, flat = flat, np.asarray(flat)
         expected = self.parameter_count(trainable_only)
         if flat.ndim != 1 or flat.size != expected:
             raise ValueError(f"copy_buffer_to_parameters expects a flat buffer of {expected} elements, got shape "
                              f"{list(flat.shape)}")
         if flat.dtype != self.params.dtype:
-            raise TypeError(f"copy_buffer_to_parameters expects dtype {self.params.dtype}, got {flat.dtype}")
+            raise TypeError(f"copy_buffer_to_parameters expects dtype {self.params.dtype}, got {flat.dtype}"
+                            + sequence_hint(given, self.params.dtype))
         self.params.current[...] = flat[:self.params.size]
         self.version += 1
         offset = self.params.size
