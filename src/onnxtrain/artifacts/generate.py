@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import onnx
 
 from onnxtrain.artifacts.foreign import check_loss_inputs
@@ -49,7 +50,7 @@ from onnxtrain.checkpoint import CheckpointData
 from onnxtrain.checkpoint.format import checkpoint_pieces
 from onnxtrain.conventions import artifact_file
 from onnxtrain.errors import InvalidModelError, PassError, UnknownShapeError, UnsupportedOpError, first_line
-from onnxtrain.ir.files import PROTO_LIMIT, StagedFiles
+from onnxtrain.ir.files import PROTO_LIMIT, StagedFiles, directory_for_writing
 from onnxtrain.ir.pass_infra import PassManager
 from onnxtrain.lora import LoRA
 from onnxtrain.tflite.source import RECORD_KEY, SKELETON_KEY, SourceRecord, has_source
@@ -180,6 +181,10 @@ def generate_artifacts(
                          "only, so that they run on any stock onnxruntime")
     if isinstance(model, (bytes, bytearray)):
         model = model_from_bytes(bytes(model))
+    if isinstance(trainable_ops, bool) or not isinstance(trainable_ops, (int, np.integer)):
+        raise TypeError(f"trainable_ops must be an int (-1: every parameter, 0: none, N: the parameters of the last N "
+                        f"ops), got {type(trainable_ops).__name__} {trainable_ops!r}")
+    trainable_ops = int(trainable_ops)
     additional_output_names = _names_argument("additional_output_names", additional_output_names)
     loss_input_names = _names_argument("loss_input_names", loss_input_names)
     loss_block, all_outputs = _resolve_loss(loss)
@@ -188,7 +193,6 @@ def generate_artifacts(
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise NotADirectoryError(f"artifact_directory {out_dir!r} is a file, not a folder: the artifacts are "
                                  "written into a folder (created if missing)")
-    os.makedirs(out_dir, exist_ok=True)
     paths = {kind: os.path.join(out_dir, artifact_file(kind, prefix)) for kind in ("training", "eval")}
     if opt_block is not None:
         paths["optimizer"] = os.path.join(out_dir, artifact_file("optimizer", prefix))
@@ -275,7 +279,9 @@ def generate_artifacts(
     check_loss_inputs(source.model.graph, source.detached, loss_input_names, additional_output_names or [],
                       source.first_output, type(loss_block).__name__ if loss is not None else "", all_outputs)
     requires_grad, trainable_ops = _flatbuffer_operators(source.model, source.weights, requires_grad, trainable_ops)
-    with StagedFiles() as files:  # nothing replaces an existing artifact unless every one was built
+    # Nothing replaces an existing artifact unless every one was built; the folder is created only now, and
+    # removed again if this call created it and could not write the artifacts.
+    with directory_for_writing(out_dir), StagedFiles() as files:
         with _blaming_an_invalid_source(model):
             try:  # at the model's own opset, as the peer; some gradients need ops of newer opsets
                 build(source, files)

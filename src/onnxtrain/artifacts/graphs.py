@@ -170,9 +170,18 @@ def _builtin_loss_name(loss: Block) -> str:
 
 def _check_loss_typed(infos: dict[str, TensorInfo], part: _LossPart, loss: Block) -> None:
     """ValueError naming the node when shape inference gives a built-in loss no type: its inputs do not fit
-    together (a model input of the label's name, reused as the label as the peer does, with another shape)."""
+    together (a model input of the label's name, reused as the label as the peer does, with another shape); or when
+    a softmax cross-entropy reads scores of one class (a regression output: the loss would be 0 whatever the
+    weights)."""
     from onnxtrain.builtins import LossType
 
+    for n in part.nodes:
+        scores = infos.get(n.input[0]) if n.op_type == "SoftmaxCrossEntropyLoss" and n.input else None
+        if scores is not None and scores.shape is not None and len(scores.shape) >= 2 and scores.shape[1] == 1:
+            raise ValueError(f"{type(loss).__name__} reads {n.input[0]!r} {_spell(scores)}, scores of one class: "
+                             f"softmax cross-entropy over one class is 0 for every example, so nothing would train; "
+                             f"for a regression output use LossType.MSELoss (or L1Loss), for one binary logit "
+                             f"LossType.BCEWithLogitsLoss")
     if not isinstance(loss, tuple(t.block_class for t in LossType)):
         return
     for n in part.nodes:

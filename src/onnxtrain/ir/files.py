@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from onnxtrain.checkpoint.atomic import StagedWrite, fsync_directory
 from onnxtrain.checkpoint.atomic import atomic_write as atomic_write_bytes
 
-__all__ = ["atomic_write_bytes", "StagedFiles", "PROTO_LIMIT"]
+__all__ = ["atomic_write_bytes", "StagedFiles", "PROTO_LIMIT", "directory_for_writing"]
 
 # Protobuf cannot serialize a message of 2 GB or more, and onnx's checker takes a model in memory only below it.
 PROTO_LIMIT = 1 << 31
@@ -64,3 +65,27 @@ class StagedFiles:
         if exc_type is not None:
             self.discard()
         self._pool.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def directory_for_writing(path: str) -> Iterator[None]:
+    """Create the folder ``path`` (and missing parents) for the block's writes; if the block raises, remove the
+    folders it created that are still empty, so that a failed write leaves no trace."""
+    created = []
+    folder = os.path.abspath(path)
+    while not os.path.isdir(folder):
+        created.append(folder)
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    os.makedirs(path, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        for folder in created:  # innermost first
+            try:
+                os.rmdir(folder)  # only if empty
+            except OSError:
+                break
+        raise
