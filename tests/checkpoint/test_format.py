@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import math
 import os
+import pickle
 import signal
 import stat
 import struct
@@ -31,6 +33,7 @@ from onnxtrain.checkpoint import (
 from onnxtrain.checkpoint import metadata as checkpoint_metadata
 from onnxtrain.checkpoint.data import KINDS
 from onnxtrain.errors import CheckpointError
+from tests import models
 
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8",
           "uint64", "uint32", "uint16", "uint8", "bool"]
@@ -921,3 +924,24 @@ def test_load_properties_reads_the_header_only(tmp_path):
     path.write_bytes(bytes(raw[:20]))
     with pytest.raises(CheckpointError):
         load_properties(path)
+
+
+def _npz() -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, weight=np.ones(3, np.float32))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("kind, content", [
+    ("an ONNX model", lambda: models.mlp().SerializeToString()),
+    ("a zip archive", _npz),
+    ("a Python pickle", lambda: pickle.dumps({"weight": np.ones(3, np.float32)}, protocol=4)),
+    ("a text file", lambda: b"# notes about my model\n" * 4),
+])
+def test_other_files_are_named(tmp_path, kind, content):
+    """A file given as the checkpoint that is another kind of file is named as such (it was "header length N is
+    absurd"): the model, a .npz or torch file, a pickle, a text file."""
+    path = tmp_path / "given"
+    path.write_bytes(content())
+    with pytest.raises(CheckpointError, match=rf"is {kind}.*, not a checkpoint \(a safetensors file"):
+        load_checkpoint(path)

@@ -69,8 +69,8 @@ class StagedWrite:
         try:
             self._temp, fd = _create_temp(self.directory, name)
         except OSError as exc:  # named after the file the caller asked for, not the temporary one beside it
-            raise OSError(exc.errno, f"{exc.strerror}: cannot write beside it in {self.directory} (the file is "
-                          "unchanged)", self.target) from exc
+            raise OSError(exc.errno, f"{exc.strerror}: cannot write beside it in {self.directory} "
+                          f"({self._untouched()})", self.target) from exc
         self._open = contextlib.ExitStack()  # the temporary file, open (and locked) until the rename
         try:
             if fcntl is not None:
@@ -84,11 +84,15 @@ class StagedWrite:
         except OSError as exc:
             self.discard()
             if exc.filename is None and exc.errno is not None:  # a write or fsync error (a full disk) names no file
-                raise OSError(exc.errno, f"{exc.strerror} (the file is unchanged)", self.target) from exc
+                raise OSError(exc.errno, f"{exc.strerror} ({self._untouched()})", self.target) from exc
             raise
         except BaseException:
             self.discard()
             raise
+
+    def _untouched(self) -> str:
+        """What a failed write left of the target, for its error message."""
+        return "the file is unchanged" if os.path.exists(self.target) else "nothing was written"
 
     def commit(self) -> None:
         """Rename the temporary file onto the target (not yet durable: fsync the directory next)."""

@@ -70,8 +70,13 @@ def read_header(file: BinaryIO, file_size: int, where: str) -> Header:
     if file_size < 8:
         raise CheckpointError(f"{where} is not a safetensors file: only {file_size} bytes, "
                               "shorter than the 8-byte header length")
-    length = int.from_bytes(_read_exact(file, 8, where), "little")
+    head = _read_exact(file, 8, where)
+    length = int.from_bytes(head, "little")
     if length > MAX_HEADER_BYTES:
+        kind = _recognized(head)
+        if kind:
+            raise CheckpointError(f"{where} is {kind}, not a checkpoint (a safetensors file, as generate_artifacts "
+                                  "writes the file named 'checkpoint' in the artifact folder)")
         raise CheckpointError(f"{where} is not a safetensors file: header length {length} is absurd "
                               f"(limit {MAX_HEADER_BYTES} bytes)")
     if length > file_size - 8:
@@ -91,6 +96,20 @@ def read_header(file: BinaryIO, file_size: int, where: str) -> Header:
     tensors = {name: _entry(name, info, data_size, where) for name, info in header.items()}
     _check_tiling(tensors, data_size, where)
     return Header(metadata, tensors, 8 + length)
+
+
+def _recognized(head: bytes) -> str:
+    """What a file that is not a safetensors file looks like from its first 8 bytes, or "" if unknown."""
+    if head.startswith(b"PK\x03\x04"):
+        return "a zip archive (a .npz, or a torch .pt file)"
+    if head[:1] == b"\x80" and 2 <= head[1] <= 5:
+        return "a Python pickle (a torch or numpy file?)"
+    # an ONNX ModelProto: field 1 (ir_version, a small varint), then another field's tag
+    if head[0] == 0x08 and 1 <= head[1] <= 20 and head[2] in (0x12, 0x1A, 0x22, 0x2A, 0x32, 0x3A, 0x42, 0x72):
+        return "an ONNX model"
+    if all(32 <= b < 127 or b in b"\t\n\r" for b in head):
+        return "a text file"
+    return ""
 
 
 def read_tensors(file: BinaryIO, header: Header, where: str) -> dict[str, np.ndarray]:
