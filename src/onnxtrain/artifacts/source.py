@@ -16,6 +16,7 @@ from onnx import numpy_helper
 from onnxtrain.artifacts.foreign import Detached, annotate_reshape_ranks, detach_foreign_ops, warn_lost_torch_records
 from onnxtrain.artifacts.passes.cast_like_to_cast import CastLikeToCast
 from onnxtrain.artifacts.passes.fold_index_constants import FoldIndexConstants
+from onnxtrain.artifacts.passes.inline_decided_ifs import InlineDecidedIfs
 from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.artifacts.torch_names import recorded_kinds, restore_torch_parameters, retie_folded_transposes
@@ -135,6 +136,8 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     _spell_declared_sizes(proto.graph)
     # a Slice's bounds written as Unsqueeze(Constant): shape inference reads only constants (FoldIndexConstants)
     proto = FoldIndexConstants().run(proto).model
+    # an If on a rank or a static size (TorchScript's tile and squeeze): shape inference cannot see through it
+    proto = InlineDecidedIfs(weights).run(proto).model
     # onnxruntime folds a Cast of a constant, not a CastLike to a graph input's type (dynamo's zero conv biases)
     likes = {n.input[1] for n in proto.graph.node if n.op_type == "CastLike" and len(n.input) == 2}
     if likes:

@@ -37,17 +37,18 @@ def inline_constant_ifs(nodes: Sequence[onnx.NodeProto], known: Mapping[str, Ten
     while True:
         infos = {**known, **infer_infos(nodes, known, opset, constants)}
         values = {**constants, **fold_constants(nodes, infos, opset, constants)}
-        at = next((i for i, n in enumerate(nodes) if n.op_type == "If" and n.input[0] in values), None)
-        if at is None:
+        decided = [i for i, n in enumerate(nodes) if n.op_type == "If" and n.input[0] in values]
+        if not decided:
             return nodes
-        node = nodes[at]
-        taken = "then_branch" if bool(np.asarray(values[node.input[0]]).reshape(-1)[0]) else "else_branch"
-        branch = next(a.g for a in node.attribute if a.name == taken)
-        body = list(branch.node)
-        body += [helper.make_node("Identity", [o.name], [y], name=f"{y}_from_{taken}")
-                 for o, y in zip(branch.output, node.output) if y]
-        constant_inits = [helper.make_node("Constant", [], [i.name], value=i) for i in branch.initializer]
-        nodes[at:at + 1] = [*constant_inits, *body]
+        for at in reversed(decided):  # every If decided now, then inference again for the ones they decide
+            node = nodes[at]
+            taken = "then_branch" if bool(np.asarray(values[node.input[0]]).reshape(-1)[0]) else "else_branch"
+            branch = next(a.g for a in node.attribute if a.name == taken)
+            body = list(branch.node)
+            body += [helper.make_node("Identity", [o.name], [y], name=f"{y}_from_{taken}")
+                     for o, y in zip(branch.output, node.output) if y]
+            constant_inits = [helper.make_node("Constant", [], [i.name], value=i) for i in branch.initializer]
+            nodes[at:at + 1] = [*constant_inits, *body]
 
 
 def differentiate(ctx: GradContext, nodes: Sequence[onnx.NodeProto], seeds: Mapping[str, str | None],

@@ -9,7 +9,7 @@ import onnx
 from onnx import helper
 
 __all__ = ["TensorInfo", "value_info", "infer_tensor_info", "infer_from_inputs", "redeclare", "fresh_symbol",
-           "np_dtype", "onnx_dtype", "weights_as_inputs", "FLOAT_TYPES"]
+           "np_dtype", "onnx_dtype", "weights_as_inputs", "FLOAT_TYPES", "info_from_type"]
 
 FLOAT_TYPES = frozenset(
     {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
@@ -49,7 +49,8 @@ def onnx_dtype(dtype: np.dtype | type) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
-def _info_from_type(tp: onnx.TypeProto) -> TensorInfo | None:
+def info_from_type(tp: onnx.TypeProto) -> TensorInfo | None:
+    """The element type and shape a TypeProto declares (None for a sequence, map or optional type)."""
     if not tp.HasField("tensor_type"):
         return None
     tt = tp.tensor_type
@@ -138,7 +139,7 @@ def _infer_declared(model: onnx.ModelProto, declared: dict[str, TensorInfo]) -> 
     graph = model.graph
     saved = [vi.SerializeToString() for vi in graph.value_info]
     kept = [onnx.ValueInfoProto.FromString(b) for b in saved]
-    own = {vi.name: _info_from_type(vi.type) for vi in kept if vi.name in declared}
+    own = {vi.name: info_from_type(vi.type) for vi in kept if vi.name in declared}
     del graph.value_info[:]
     graph.value_info.extend(vi for vi in kept if vi.name not in declared)
     graph.value_info.extend(value_info(name, _over(info, own.get(name))) for name, info in declared.items())
@@ -186,7 +187,7 @@ def _declare_shape_of_input(graph: onnx.GraphProto) -> bool:
     whether any was."""
     outputs = {o.name for o in graph.output}
     typed = {vi.name: vi.type for vi in [*graph.input, *graph.value_info, *graph.output]
-             if (info := _info_from_type(vi.type)) is not None and (info.shape is not None or vi.name in outputs)}
+             if (info := info_from_type(vi.type)) is not None and (info.shape is not None or vi.name in outputs)}
     typed.update({t.name: onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims)) for t in graph.initializer})
     declared = False
     for node in graph.node:
@@ -203,7 +204,7 @@ def _infos(g: onnx.GraphProto) -> dict[str, TensorInfo]:
     for init in g.initializer:
         infos[init.name] = TensorInfo(init.data_type, tuple(init.dims))
     for vi in [*g.input, *g.value_info, *g.output]:
-        info = _info_from_type(vi.type)
+        info = info_from_type(vi.type)
         if info is not None and (vi.name not in infos or infos[vi.name].shape is None):
             infos[vi.name] = info
     return infos
@@ -250,7 +251,7 @@ def infer_from_inputs(model: onnx.ModelProto) -> tuple[dict[str, TensorInfo], di
                for d in i.type.tensor_type.shape.dim if d.dim_param}
     infos, corrected, filled = dict(inferred), {}, False
     for vi in declares:
-        declared = _info_from_type(vi.type)
+        declared = info_from_type(vi.type)
         if declared is None:
             continue
         # the graph's outputs keep the names their exporter gave them (the artifacts' outputs show them)

@@ -7,6 +7,7 @@ from onnxtrain.artifacts.passes.eval_mode import EvalMode
 from onnxtrain.artifacts.passes.fold_index_constants import FoldIndexConstants
 from onnxtrain.artifacts.passes.fold_output_identities import FoldOutputIdentities
 from onnxtrain.artifacts.passes.gelu_backward import GeluBackward
+from onnxtrain.artifacts.passes.inline_decided_ifs import InlineDecidedIfs
 from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
 from onnxtrain.artifacts.passes.pool_before_relu import PoolBeforeRelu
 from onnxtrain.artifacts.passes.recompute import RecomputeInBackward
@@ -16,4 +17,4 @@ from onnxtrain.artifacts.passes.transposed_products import TransposedProducts
 
 __all__ = ["EvalMode", "DropUnreadIndices", "PoolBeforeRelu", "FoldOutputIdentities", "SequencesToSplit",
            "RecomputeInBackward", "ShapesInForward", "GeluBackward", "BackwardOrder", "CastLikeToCast",
-           "InlineLocalFunctions", "TransposedProducts", "FoldIndexConstants"]
+           "InlineLocalFunctions", "TransposedProducts", "FoldIndexConstants", "InlineDecidedIfs"]
