@@ -189,6 +189,27 @@ _ADAPTIVE_POOL_DYNAMO_EXPORTS = ("AssertionError: eval model: relative differenc
 _FPN_TRAINING_DROPOUT = ("SymbolicValueError: Unsupported: ONNX export of operator aten::feature_dropout, training "
                          "mode. ...")
 
+# Architectures probed on 2026-11-29 (session 28):
+# DiffLlama's differential attention normalizes each head pair with nn.RMSNorm, for which torch's TorchScript
+# exporter has a symbolic only from opset 23 (the zoo exports at opset 17); the dynamo export trains
+_DIFFLLAMA_TORCHSCRIPT = ("UnsupportedOperatorError: Exporting the operator 'aten::rms_norm' to ONNX opset version 17 "
+                          "is not supported")
+# Gemma 3n's activation sparsity computes its cutoff, Normal(0, 1).icdf(0.95), in every forward: torch.export keeps
+# the erfinv (prims.erf_inv), for which the dynamo exporter has no ONNX function (the TorchScript trace folds it to a
+# constant and trains)
+_GEMMA3N_DYNAMO = ("ConversionError: Failed to convert the exported program to an ONNX model. ... DispatchError: No "
+                   "ONNX function found for <OpOverload(op='prims.erf_inv', overload='default')>")
+# as T5's: torch.export decomposes Parakeet's attention output reshape (attn_output.reshape(*input_shape, -1)) into a
+# view of a transposed tensor, which symbolic frame counts cannot prove contiguous
+_PARAKEET_DYNAMO = ("ConversionError: Failed to decompose the FX graph for ONNX compatibility. ... ValueError: Cannot "
+                    "view a tensor with shape torch.Size([s77, (((s27 - 1)//4)) + 1, 2, 8]) and strides ... as a "
+                    "tensor with shape (s77, (((s27 - 1)//4)) + 1, 16)!")
+# as MobileOne's: float32 rounding. At 96 px the eval model of the training-mode export (running statistics from
+# 64 px batches) has outputs up to 1.5e3, and torch float32 is itself 3.4e-4 (relative) off torch float64 there;
+# onnxtrain's eval model is 1.9e-4 off float64 (at 64 px all three agree within 1e-5)
+_MOBILENETV4_HYBRID_ROUNDING = ("AssertionError: eval model: relative difference 1.63e-04 from torch's eval output "
+                                "(size)")
+
 EXPECTED_FAILURES: dict[tuple[str, ...], str] = {
     **{("falcon", e): _FALCON_TORCHSCRIPT for e in ("torchscript-train", "torchscript-eval")},
     **{("falcon", "dynamo", c): _FALCON_DYNAMO for c in ("base", "batch", "size", "trains", "exports")},
@@ -247,4 +268,9 @@ EXPECTED_FAILURES: dict[tuple[str, ...], str] = {
        for c in ("size", "exports")},
     ("mobilevitv2_050", "dynamo", "size"): _MOBILEVITV2_DYNAMO,
     **{("moonshine", e): _MOONSHINE_TORCHSCRIPT for e in ("torchscript-train", "torchscript-eval")},
+    **{("vit_rope_mixed", e): _EVA02_TORCHSCRIPT for e in ("torchscript-train", "torchscript-eval")},
+    **{("diffllama", e): _DIFFLLAMA_TORCHSCRIPT for e in ("torchscript-train", "torchscript-eval")},
+    ("gemma3n_text", "dynamo"): _GEMMA3N_DYNAMO,
+    ("parakeet", "dynamo"): _PARAKEET_DYNAMO,
+    ("mobilenetv4_hybrid", "torchscript-train", "exports"): _MOBILENETV4_HYBRID_ROUNDING,
 }

@@ -1329,6 +1329,32 @@ def lfm2():
     return Logits.wrap(Lfm2ForCausalLM(config), shift=True)
 
 
+def _causal_lm(model_class: str, config_class: str, **config):
+    """A transformers causal language model, its shifted logits as the single output."""
+
+    def build():
+        import transformers
+
+        return Logits.wrap(getattr(transformers, model_class)(getattr(transformers, config_class)(**config)),
+                           shift=True)
+
+    return build
+
+
+def mobilenetv4_hybrid():
+    """timm's MobileNetV4-Hybrid-Medium at a quarter of its width: universal inverted bottlenecks, then mobile
+    multi-query attention (one key/value head, keys and values from a strided depthwise convolution) with
+    LayerScale."""
+    from timm.models.mobilenetv3 import _gen_mobilenet_v4
+
+    return _gen_mobilenet_v4("mobilenetv4_hybrid_medium", 0.25, num_classes=CLASSES, drop_rate=0.0,
+                             drop_path_rate=0.0)
+
+
+# a small decoder without a classification head: the causal language models below
+_SMALL_LM = {k: v for k, v in _SMALL_DECODER.items() if k != "num_labels"}
+
+
 ZOO: dict[str, Spec] = {s.name: s for s in [
     _vision("resnet18", "torchvision", _torchvision("resnet18"), quick=("torchscript-train",)),
     _vision("mobilenet_v3_small", "torchvision", _torchvision("mobilenet_v3_small", dropout=0.0)),
@@ -1865,4 +1891,67 @@ ZOO: dict[str, Spec] = {s.name: s for s in [
     _vision("mobilevitv2_050", "timm", _timm("mobilevitv2_050", drop_path_rate=0.0), sizes=(64, 128)),
     # LFM2: gated short causal convolutions (Conv1d over 3 steps) between grouped-query attention layers
     _text("lfm2", lfm2, labels=_next_tokens, output_axes={2: "positions"}),
+    # probed on 2026-11-29 (session 28): SwiftFormer's efficient additive attention (a softmax-free global query
+    # from L2-normalized queries weighted by a learned vector, summed over tokens, times the keys)
+    _vision("swiftformer_xs", "timm", _timm("swiftformer_xs", drop_path_rate=0.0)),
+    # mobile multi-query attention (keys and values downsampled by a strided depthwise convolution), LayerScale
+    _vision("mobilenetv4_hybrid", "timm", mobilenetv4_hybrid),
+    # 2-D rotary embeddings with learned frequencies per head (mixed RoPE: gradients through Sin and Cos of a
+    # parameter), computed for the input's patch grid
+    _vision("vit_rope_mixed", "timm", _timm("vit_base_patch16_rope_mixed_224", img_size=32, patch_size=8,
+                                            embed_dim=16, depth=2, num_heads=2, dynamic_img_size=True,
+                                            drop_path_rate=0.0), sizes=(32, 48)),
+    # TensorFlow "same" padding computed from the input size at run time (an asymmetric Pad before each strided
+    # convolution), ReLU6
+    _vision("mobilenet_v1", "transformers", _hf("MobileNetV1ForImageClassification", "MobileNetV1Config",
+                                                depth_multiplier=0.25, classifier_dropout_prob=0.0,
+                                                num_labels=CLASSES)),
+    # DINOv3: rotary embeddings over the patch grid's normalized coordinates (computed for the input size), register
+    # tokens, LayerScale; mean-pooled into a linear head (its training-mode random rescaling of the coordinates off)
+    _vision("dinov3_vit", "transformers", _pooled_encoder("DINOv3ViTModel", "DINOv3ViTConfig", 16, encoder=False,
+                                                          hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                                          intermediate_size=32, patch_size=8, image_size=32,
+                                                          num_register_tokens=2, pos_embed_rescale=None,
+                                                          drop_path_rate=0.0),
+            sizes=(32, 48)),
+    # differential attention: two softmax maps subtracted with a weight from exponentials of learned vectors,
+    # a GroupNorm-like RMSNorm per head
+    _text("diffllama", _hf("DiffLlamaForSequenceClassification", "DiffLlamaConfig",
+                           **dict(_SMALL_DECODER, num_key_value_heads=2))),
+    # RWKV: token shift (ZeroPad2d), a WKV recurrence with a running maximum for stability (a Python loop over the
+    # positions: the length is fixed by the export), squared ReLU channel mixing; without the cache, whose state
+    # eval mode updates in place (torch cannot differentiate that)
+    Spec("rwkv", "transformers", _causal_lm("RwkvForCausalLM", "RwkvConfig", vocab_size=VOCAB, hidden_size=16,
+                                            num_hidden_layers=2, attention_hidden_size=16, intermediate_size=32,
+                                            context_length=32, rescale_every=0, use_cache=False),
+         _tokens, _next_tokens, (8, None), {}, batches=(2, 3)),
+    # Gemma 3n's text model (on-device): AltUp (two predicted streams corrected by a router), Laurel low-rank
+    # residuals, per-layer input embeddings, activation sparsity (a Gaussian top-k: mean + 1.645 std cutoff)
+    _text("gemma3n_text", _causal_lm("Gemma3nForCausalLM", "Gemma3nTextConfig", vocab_size_per_layer_input=VOCAB,
+                                     hidden_size_per_layer_input=4, head_dim=8, sliding_window=4,
+                                     layer_types=["sliding_attention", "full_attention"],
+                                     activation_sparsity_pattern=[0.95, 0.0], num_kv_shared_layers=0,
+                                     laurel_rank=4, altup_num_inputs=2, **_SMALL_LM),
+          labels=_next_tokens, output_axes={2: "positions"}),
+    # xLSTM's mLSTM in its chunkwise form: exponential input gates and log-sigmoid forget gates, cumulative sums
+    # and running maxima within chunks of 4, soft-capped gates and logits; the recurrence between chunks is a
+    # Python loop, so the export fixes the length (at 12 tokens both exports give wrong logits in onnxruntime)
+    Spec("xlstm", "transformers", _causal_lm("xLSTMForCausalLM", "xLSTMConfig", vocab_size=VOCAB, hidden_size=32,
+                                             num_hidden_layers=2, num_heads=2, mode="train", chunk_size=4,
+                                             autocast_kernel_dtype="float32", ffn_round_up_to_multiple_of=16,
+                                             use_cache=False),
+         _tokens, _next_tokens, (8, None), {}, batches=(2, 3)),
+    # Parakeet's FastConformer encoder (on-device speech recognition): a strided Conv2d subsampling of the
+    # filterbank, relative positional attention (Transformer-XL's shift of the position scores), a convolution
+    # module with GLU, a depthwise Conv1d and BatchNorm
+    Spec("parakeet", "transformers", _pooled_encoder("ParakeetEncoder", "ParakeetEncoderConfig", 16, encoder=False,
+                                                     hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                                     intermediate_size=32, num_mel_bins=8,
+                                                     subsampling_conv_channels=8, subsampling_factor=4,
+                                                     conv_kernel_size=3, dropout=0.0, attention_dropout=0.0,
+                                                     activation_dropout=0.0, dropout_positions=0.0, layerdrop=0.0),
+         _filterbank, _classes, (32, 48), {1: "frames"}, batches=(2, 3)),
+    # efficient channel attention: a Conv1d over the pooled channel descriptor (channels as the sequence axis)
+    _vision("ecaresnet26t", "timm", _timm("ecaresnet26t", layers=(1, 1, 1, 1), channels=(16, 32, 64, 64),
+                                          stem_width=16)),
 ]}
