@@ -27,6 +27,19 @@ test('properties of every kind round-trip; step and optimizer state are kept', a
   assert.deepEqual([...back.properties], [['epoch', 3n], ['lr', 0.1 + 0.2], ['user', 'Zoë ✍ 𝟘'], ['nan', NaN]]);
 });
 
+test('another kind of file given as the checkpoint is named (the model, a zip, a pickle, text), as in Python', async () => {
+  const model = await load(join(dir, 'mlp_sgd', 'training_model.onnx'));
+  const cases = [
+    [model, /is an ONNX model, not a checkpoint/],
+    [new Uint8Array([0x50, 0x4b, 0x03, 0x04, 0x14, 0x00, 0x00, 0x00, 0x08, 0x00]), /is a zip archive/],
+    [new Uint8Array([0x80, 0x04, 0x95, 0x35, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00]), /is a Python pickle/],
+    [new TextEncoder().encode('# notes about my model\n'), /is a text file/],
+  ];
+  for (const [bytes, message] of cases) {
+    assert.throws(() => loadCheckpoint(bytes), (e) => e instanceof CheckpointError && message.test(e.message));
+  }
+});
+
 test('a damaged checkpoint is a CheckpointError, not garbage', async () => {
   const bytes = (await load(join(dir, 'mlp_sgd', 'checkpoint'))).slice();
   bytes[bytes.length - 1] ^= 1;

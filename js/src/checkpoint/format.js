@@ -61,6 +61,21 @@ export function writeSafetensors(tensors, metadata) {
 }
 
 /**
+ * What a file that is not a safetensors file looks like from its first 8 bytes ('' if unknown), as the Python
+ * reader says it (checkpoint/header.py `_recognized`): the model given for the checkpoint, a .npz, a pickle, text.
+ * @param {Uint8Array} bytes at least 8 bytes
+ * @returns {string}
+ */
+function recognized(bytes) {
+  const b = bytes.subarray(0, 8);
+  if (b[0] === 0x50 && b[1] === 0x4b && b[2] === 0x03 && b[3] === 0x04) return 'a zip archive (a .npz, or a torch .pt file)';
+  if (b[0] === 0x80 && b[1] >= 2 && b[1] <= 5) return 'a Python pickle (a torch or numpy file?)';
+  if (b[0] === 0x08 && b[1] >= 1 && b[1] <= 20 && [0x12, 0x1a, 0x22, 0x2a, 0x32, 0x3a, 0x42, 0x72].includes(b[2])) return 'an ONNX model';
+  if (b.every((c) => (c >= 32 && c < 127) || c === 9 || c === 10 || c === 13)) return 'a text file';
+  return '';
+}
+
+/**
  * Parse a safetensors file. Every offset is checked against the file size before any data is read.
  * @param {Uint8Array} bytes
  * @param {string} where names the file in error messages
@@ -70,6 +85,10 @@ export function readSafetensors(bytes, where = 'checkpoint') {
   if (bytes.length < 8) throw new CheckpointError(`${where} is not a safetensors file: only ${bytes.length} bytes`);
   const length = Number(new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true));
   if (length > bytes.length - 8) {
+    const kind = recognized(bytes);
+    if (kind) {
+      throw new CheckpointError(`${where} is ${kind}, not a checkpoint (a safetensors file, as generate_artifacts writes the file named 'checkpoint' in the artifact folder)`);
+    }
     throw new CheckpointError(`${where} is truncated or not a safetensors file: header length ${length} runs past the end of the ${bytes.length}-byte file`);
   }
   let header;
