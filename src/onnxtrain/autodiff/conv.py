@@ -5,6 +5,8 @@ dX is the transposed convolution of dY with the same weights; dW correlates x wi
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from onnxtrain.autodiff.context import GradContext
@@ -20,6 +22,12 @@ from onnxtrain.autodiff.spatial import (
 )
 from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.types import np_dtype
+
+# The stride-1 dX of a dense k x k convolution whose output has at most this many positions per image is
+# onnxruntime's ConvTranspose of dY with W: faster there than the Conv of dY with the flipped W (1 thread, CPU time,
+# bench/conv_kernels.py: LeNet's 32->64 at 14x14, batch 64, 4.8 vs 7.9 ms; ResNet-18's 256 at 14x14 18.2 vs 19.2 and
+# 512 at 7x7 24.7 vs 31.0; slower at 28x28 and 56x56, 18.7 vs 17.8 and 20.8 vs 20.3). No flip, no transpose of W.
+SMALL_IMAGE = 14 * 14
 
 
 @register("Conv")
@@ -184,11 +192,16 @@ def _conv_input_gradient(ctx: GradContext, dy: str, w: str, x: str, w_shape, gro
     """dX of a convolution: the transposed convolution of dY with W.
 
     With stride 1 it is a plain Conv of dY with W flipped in space and with its channel axes swapped per
-    group, padded by (k - 1) d - p: onnxruntime's Conv is 2-3x faster than its ConvTranspose on CPU.
+    group, padded by (k - 1) d - p: onnxruntime's Conv is faster than its ConvTranspose there, except on small
+    images (see SMALL_IMAGE).
     """
     n = len(in_size)
     kernel = list(w_shape[2:])
     back_pads = [(kernel[i % n] - 1) * dilations[i % n] - pads[i] for i in range(2 * n)]
+    small = all_known(out_size) and math.prod(out_size) <= SMALL_IMAGE
+    if (all(s == 1 for s in strides) and all(p >= 0 for p in back_pads) and small and group == 1
+            and any(k > 1 for k in kernel)):
+        return ctx.op.ConvTranspose(dy, w, pads=pads, dilations=dilations)
     if all(s == 1 for s in strides) and all(p >= 0 for p in back_pads):
         op, b = ctx.op, ctx.b
         c_out_g, c_in_g = w_shape[0] // group, w_shape[1]
