@@ -90,3 +90,33 @@ def test_an_if_on_a_run_time_size_stays():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     weights = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
     assert not InlineDecidedIfs(weights)(model).modified
+
+
+def test_branch_values_with_taken_names_are_renamed():
+    """Two decided Ifs whose branches both make a value named 't' (names are unique per graph, not across
+    subgraphs): after inlining, each keeps its own, and the model computes what it did."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    def branch(op: str, out: str) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node(op, ["x"], ["t"]), helper.make_node("Neg", ["t"], [out])],
+                                 "b", [], [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
+
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Size", ["shape"], ["rank"]),
+             helper.make_node("Less", ["rank", "three"], ["cond"]),
+             helper.make_node("If", ["cond"], ["a"], then_branch=branch("Exp", "ta"), else_branch=branch("Abs", "ea")),
+             helper.make_node("If", ["cond"], ["b"], then_branch=branch("Sin", "tb"), else_branch=branch("Cos", "eb")),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+                              [onnx.numpy_helper.from_array(np.array(3, np.int64), "three")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    weights = {"three": np.array(3, np.int64)}
+    result = InlineDecidedIfs(weights)(model)
+    assert result.modified and not any(n.op_type == "If" for n in result.model.graph.node)
+    onnx.checker.check_model(result.model, full_check=True)
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    run = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+           for m in (model, result.model)]
+    np.testing.assert_allclose(run[1], run[0], rtol=1e-6)
+    np.testing.assert_allclose(run[1], -np.exp(x) - np.sin(x), rtol=1e-6)
