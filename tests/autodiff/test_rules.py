@@ -246,7 +246,9 @@ for eq, shapes in [("ij,jk->ik", [(2, 3), (3, 4)]), ("bij,bjk->bik", [(2, 2, 3),
                    ("ij->i", [(3, 4)]), ("ii->i", [(3, 3)]), ("i,j->ij", [(3,), (4,)]),
                    ("...ij,jk->...ik", [(2, 1, 2, 3), (3, 4)]), ("ij,ij->", [(2, 3), (2, 3)]),
                    ("ij,jk", [(2, 3), (3, 4)]), ("bhqd,bhkd->bhqk", [(1, 2, 3, 4), (1, 2, 5, 4)]),
-                   ("...i,...i->...", [(2, 3, 4), (1, 3, 4)])]:
+                   ("...i,...i->...", [(2, 3, 4), (1, 3, 4)]),
+                   # a repeated label summed away: the gradient is on the diagonal only (it was spread over all)
+                   ("ii->", [(3, 3)]), ("bii->b", [(2, 3, 3)]), ("iij->j", [(3, 3, 2)]), ("ij,kk->ij", [(2, 3), (4, 4)])]:
     names = "abcd"[:len(shapes)]
     row("Einsum", {n: randn(*s) for n, s in zip(names, shapes)}, {"equation": eq}, tag=eq.replace("...", "E"),
         torch=lambda *xs, eq=eq: _t().einsum(eq, *xs))

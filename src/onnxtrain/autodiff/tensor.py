@@ -336,9 +336,11 @@ def _place(ctx: GradContext, g: str, target: list[str], first: list[str], x: str
         g = ctx.b.unsqueeze(g, new_axes)
     shape = list(ctx.shape(x))
     for t, occ in axes_of.items():
-        if t == "..." or len(occ) == 1 or t not in kept:
+        if t == "..." or len(occ) == 1:
             continue
-        for extra in occ[1:]:    # mask to the diagonal of the first and this occurrence
+        # a repeated label reads a diagonal of x, whether g keeps it or it was summed away ("ii->", "bii->b"):
+        # mask to the diagonal of the first and this occurrence
+        for extra in occ[1:]:
             g = ctx.op.Mul(g, identity_along(ctx, x, occ[0][0], extra[0])[0])
     at = target.index("...") if "..." in target else 0
     if "..." not in first or (ell_shape is not None and tuple(shape[at:at + ell]) == tuple(ell_shape)):
