@@ -173,6 +173,17 @@ for op, make, fn in [
         row(op, {"x": make(2, 3, 4)}, {"keepdims": keepdims}, consts={"axes": i64(axes)}, tag=f"axes{axes}_k{keepdims}",
             torch=lambda x, fn=fn, axes=axes, kd=keepdims: fn(x, axes, bool(kd)))
     row(op, {"x": make(2, 3)}, {"keepdims": 0}, tag="all_axes")
+# exact zeros: one in a product (the others' product goes to it), two (nothing), and a norm of a zero vector (0, as
+# torch; both gave NaN)
+_with_zeros = uniform(0.5, 1.5, 2, 3, 4) * np.sign(randn(2, 3, 4))
+_with_zeros[0, 0, 1] = _with_zeros[0, 1, 0] = _with_zeros[0, 1, 2] = 0.0
+row("ReduceProd", {"x": _with_zeros}, {"keepdims": 0}, consts={"axes": i64([-1])}, tag="zeros",
+    torch=lambda x: x.prod(-1))
+row("ReduceProd", {"x": _with_zeros}, {"keepdims": 1}, tag="zeros_all_axes", torch=lambda x: x.prod().reshape(1, 1, 1))
+_zero_row = randn(2, 3, 4)
+_zero_row[1, 2] = 0.0
+row("ReduceL2", {"x": _zero_row}, {"keepdims": 1}, consts={"axes": i64([-1])}, tag="zero_vector",
+    torch=lambda x: x.norm(dim=-1, keepdim=True))
 row("ReduceSum", {"x": randn(2, 3)}, {"noop_with_empty_axes": 1}, tag="noop")
 row("ReduceSumSquare", {"x": randn(2, 3)}, {"noop_with_empty_axes": 1}, tag="noop")
 row("ReduceSum", {"x": randn(2, 3, 4)}, {"keepdims": 0}, consts={"axes": i64([1])}, opset=13, tag="opset13")
@@ -248,7 +259,8 @@ for eq, shapes in [("ij,jk->ik", [(2, 3), (3, 4)]), ("bij,bjk->bik", [(2, 2, 3),
                    ("ij,jk", [(2, 3), (3, 4)]), ("bhqd,bhkd->bhqk", [(1, 2, 3, 4), (1, 2, 5, 4)]),
                    ("...i,...i->...", [(2, 3, 4), (1, 3, 4)]),
                    # a repeated label summed away: the gradient is on the diagonal only (it was spread over all)
-                   ("ii->", [(3, 3)]), ("bii->b", [(2, 3, 3)]), ("iij->j", [(3, 3, 2)]), ("ij,kk->ij", [(2, 3), (4, 4)])]:
+                   ("ii->", [(3, 3)]), ("bii->b", [(2, 3, 3)]), ("iij->j", [(3, 3, 2)]),
+                   ("ij,kk->ij", [(2, 3), (4, 4)])]:
     names = "abcd"[:len(shapes)]
     row("Einsum", {n: randn(*s) for n, s in zip(names, shapes)}, {"equation": eq}, tag=eq.replace("...", "E"),
         torch=lambda *xs, eq=eq: _t().einsum(eq, *xs))

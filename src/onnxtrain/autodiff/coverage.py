@@ -44,7 +44,6 @@ NOTES = {
     "LSTM": "unrolled (static length) or a Scan (dynamic)", "If": "both branches",
     "GridSample": "2-D and 3-D; linear (any padding), nearest (zeros/border), cubic (zeros)",
     "Resize": "keep_aspect_ratio_policy with align_corners or half_pixel_symmetric refused",
-    "ReduceProd": "inputs without zeros",
     "CumProd": "inputs without zeros", "LpNormalization": "p = 1 or 2",
     "ScatterElements": "reduction mul: updates without zeros", "ScatterND": "reduction mul: updates without zeros",
     "Attention": "recomputes the attention in the backward graph",

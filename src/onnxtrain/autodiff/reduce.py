@@ -82,8 +82,10 @@ def reduce_l1(ctx: GradContext):
 
 @register("ReduceL2")
 def reduce_l2(ctx: GradContext):
-    """y = sqrt(sum x^2):  dx = x dy / y."""
-    return ctx.op.Mul(ctx.x[0], expand_back(ctx, ctx.op.Div(ctx.dy[0], ctx.y[0]), reduced_axes(ctx))), None
+    """y = sqrt(sum x^2):  dx = x dy / y, and 0 where y = 0 (every x there is 0; torch's subgradient, not 0/0)."""
+    x, y, op = ctx.x[0], ctx.y[0], ctx.op
+    nonzero_y = op.Where(op.Equal(y, ctx.const_like(0.0, y)), ctx.const_like(1.0, y), y)
+    return op.Mul(x, expand_back(ctx, op.Div(ctx.dy[0], nonzero_y), reduced_axes(ctx))), None
 
 
 @register("ReduceLogSum")
@@ -102,8 +104,21 @@ def reduce_log_sum_exp(ctx: GradContext):
 
 @register("ReduceProd")
 def reduce_prod(ctx: GradContext):
-    """y = prod x:  dx = dy y / x (the product of the other elements; undefined where x = 0)."""
-    return ctx.op.Div(expand_back(ctx, ctx.op.Mul(ctx.dy[0], ctx.y[0]), reduced_axes(ctx)), ctx.x[0]), None
+    """y = prod x:  dx = dy times the product of the other elements: y / x where no element is 0; where one is,
+    the product of the others at it and 0 elsewhere; 0 everywhere where two or more are (y / x would be 0/0)."""
+    x, op = ctx.x[0], ctx.op
+    axes = reduced_axes(ctx)
+    if axes == []:
+        return ctx.dy[0], None
+    every = axes if axes is not None else list(range(ctx.rank(x)))
+    zero, one = ctx.const_like(0.0, x), ctx.const_like(1.0, x)
+    is_zero = op.Equal(x, zero)
+    nonzero = op.Where(is_zero, one, x)
+    rest = ctx.b.reduce("ReduceProd", nonzero, every, keepdims=True)             # the product of the non-zeros
+    zeros = ctx.b.reduce("ReduceSum", op.Cast(is_zero, to=ctx.elem_type(x)), every, keepdims=True)
+    others = op.Where(is_zero, op.Where(op.Equal(zeros, one), rest, zero),
+                      op.Where(op.Equal(zeros, zero), op.Div(rest, nonzero), zero))
+    return op.Mul(others, expand_back(ctx, ctx.dy[0], axes)), None
 
 
 @register("ReduceMax", "ReduceMin")
