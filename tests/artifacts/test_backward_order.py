@@ -152,8 +152,9 @@ def test_each_weight_gradient_is_computed_before_the_backward_moves_on(tmp_path,
     forward = forward_nodes(model.graph.node, model.graph.output[0].name)
     nodes = list(model.graph.node)
     backward = [n for k, n in enumerate(nodes) if k not in forward]
-    w2_readers = [n.name for n in backward if n.op_type == "Conv"   # conv2's dX: a Conv of dY with W2 flipped
-                  and "W2" in {x for a in ancestors(backward, [n.input[1]]) for x in backward[a].input}]
+    # conv2's dX: a Conv of dY with W2 flipped, or on small images the ConvTranspose of dY with W2
+    w2_readers = [n.name for n in backward if n.op_type in ("Conv", "ConvTranspose")
+                  and "W2" in {n.input[1], *(x for a in ancestors(backward, [n.input[1]]) for x in backward[a].input)}]
     assert len(w2_readers) == 1
     order, _ = _execution_order(model, tmp_path, "before")
     assert order.index(dw3) > order.index(w2_readers[0])
