@@ -18,6 +18,7 @@ from onnxtrain.artifacts.passes.cast_like_to_cast import CastLikeToCast
 from onnxtrain.artifacts.passes.fold_index_constants import FoldIndexConstants
 from onnxtrain.artifacts.passes.inline_decided_ifs import InlineDecidedIfs
 from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
+from onnxtrain.artifacts.passes.restore_detach import RestoreDetach
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.artifacts.torch_names import recorded_kinds, restore_torch_parameters, retie_folded_transposes
 from onnxtrain.conventions import TRAINING_META
@@ -120,6 +121,7 @@ def load_source_model(model: onnx.ModelProto | str | os.PathLike, min_opset: int
     del original
     warn_lost_torch_records(proto)  # a tool dropped what restore_torch_parameters reads
     restored = restore_torch_parameters(proto.graph, weights)  # dynamo's optimizer renamed or merged them
+    proto = RestoreDetach().run(proto).model                    # and removed detach()es: stop-gradients
     retie_folded_transposes(proto.graph, weights)              # TorchScript's folding untied a tied head
     if restored:
         logger.info("torch parameters restored from the exporter's records: %d (e.g. %s)", len(restored), restored[0])

@@ -8,6 +8,7 @@ import math
 
 from onnxtrain.autodiff.context import GradContext
 from onnxtrain.autodiff.registry import register
+from onnxtrain.ir.torch_records import is_detach
 
 # ctx.dy[0] is the gradient of the (single) output; ctx.y[0] the forward output, reused where it helps.
 
@@ -45,7 +46,8 @@ def neg(ctx: GradContext):
 
 @register("Identity")
 def identity(ctx: GradContext):
-    return (ctx.dy[0],)
+    """dx = dy, except for a torch ``detach()`` the dynamo exporter recorded on it: no gradient, as in torch."""
+    return (None,) if is_detach(ctx.node) else (ctx.dy[0],)
 
 
 @register("Cast")

@@ -16,7 +16,7 @@ import re
 import onnx
 
 __all__ = ["FX_NODE", "NAME_SCOPES", "FxCall", "fx_call", "embedding_padding_index",
-           "embedding_scales_by_frequency"]
+           "embedding_scales_by_frequency", "is_detach", "fx_output", "DETACH_TARGET"]
 
 FX_NODE = "pkg.torch.onnx.fx_node"
 NAME_SCOPES = "pkg.torch.onnx.name_scopes"
@@ -87,3 +87,21 @@ def embedding_scales_by_frequency(node: onnx.NodeProto) -> bool:
     divides each looked-up row's share by how often the index occurs in the batch); False without a record."""
     call = fx_call(node)
     return call is not None and call.target == "aten.embedding" and len(call.texts) > 3 and call.texts[3] == "True"
+
+
+def is_detach(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is a ``tensor.detach()`` of the torch model (the dynamo exporter writes it as an Identity):
+    torch passes no gradient through it."""
+    call = fx_call(node)
+    return call is not None and call.target in ("aten.detach", "aten.detach_")
+
+
+DETACH_TARGET = "torch.ops.aten.detach.default"
+_OUTPUT = re.compile(r"^%(\w+) :")
+
+
+def fx_output(node: onnx.NodeProto) -> str | None:
+    """The name of the FX value the dynamo exporter recorded ``node`` as computing (``linear``), or None."""
+    record = next((p.value for p in node.metadata_props if p.key == FX_NODE), None)
+    found = _OUTPUT.match(record) if record is not None else None
+    return found.group(1) if found else None

@@ -11,10 +11,12 @@ from onnxtrain.artifacts.passes.inline_decided_ifs import InlineDecidedIfs
 from onnxtrain.artifacts.passes.inline_functions import InlineLocalFunctions
 from onnxtrain.artifacts.passes.pool_before_relu import PoolBeforeRelu
 from onnxtrain.artifacts.passes.recompute import RecomputeInBackward
+from onnxtrain.artifacts.passes.restore_detach import RestoreDetach
 from onnxtrain.artifacts.passes.sequences_to_split import SequencesToSplit
 from onnxtrain.artifacts.passes.shapes_in_forward import ShapesInForward
 from onnxtrain.artifacts.passes.transposed_products import TransposedProducts
 
 __all__ = ["EvalMode", "DropUnreadIndices", "PoolBeforeRelu", "FoldOutputIdentities", "SequencesToSplit",
            "RecomputeInBackward", "ShapesInForward", "GeluBackward", "BackwardOrder", "CastLikeToCast",
-           "InlineLocalFunctions", "TransposedProducts", "FoldIndexConstants", "InlineDecidedIfs"]
+           "InlineLocalFunctions", "TransposedProducts", "FoldIndexConstants", "InlineDecidedIfs",
+           "RestoreDetach"]
