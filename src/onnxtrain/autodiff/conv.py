@@ -24,10 +24,11 @@ from onnxtrain.errors import UnsupportedOpError
 from onnxtrain.ir.types import np_dtype
 
 # The stride-1 dX of a dense k x k convolution whose output has at most this many positions per image is
-# onnxruntime's ConvTranspose of dY with W: faster there than the Conv of dY with the flipped W (1 thread, CPU time,
-# bench/conv_kernels.py: LeNet's 32->64 at 14x14, batch 64, 4.8 vs 7.9 ms; ResNet-18's 256 at 14x14 18.2 vs 19.2 and
-# 512 at 7x7 24.7 vs 31.0; slower at 28x28 and 56x56, 18.7 vs 17.8 and 20.8 vs 20.3). No flip, no transpose of W.
-SMALL_IMAGE = 14 * 14
+# onnxruntime's ConvTranspose of dY with W, no flip and no transpose of W (bench/conv_kernels.py, ms per layer,
+# ConvTranspose vs the Conv of dY with the flipped W): ResNet-18's 512 at 7x7, 24.7 vs 31.0 (1 thread, CPU time) and
+# 18.7 vs 19.6 (2 threads). Not at 14x14: faster with 1 thread (LeNet's 32->64, batch 64: 4.8 vs 7.9; ResNet-18's
+# 256: 18.2 vs 19.2) but not with 2 (4.8 vs 4.9; 17.0 vs 15.7), the benchmark's setting; slower above.
+SMALL_IMAGE = 7 * 7
 
 
 @register("Conv")
