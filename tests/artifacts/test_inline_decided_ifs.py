@@ -9,9 +9,9 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxtrain.api import CheckpointState, Module
 from onnxtrain.artifacts import LossType, generate_artifacts
 from onnxtrain.artifacts.passes import InlineDecidedIfs
+from tests.artifacts.torch_step import assert_step_matches_torch
 
 torch = pytest.importorskip("torch")
 
@@ -61,14 +61,7 @@ def test_gradients_are_torchs(export, tmp_path, batch, n):
     rng = np.random.default_rng(batch)
     x = rng.standard_normal((batch, n, 4)).astype(np.float32)
     y = rng.integers(0, 5, batch).astype(np.int64)
-    state = CheckpointState.load_checkpoint(tmp_path / "checkpoint")
-    loss = float(Module(tmp_path / "training_model.onnx", state)(x, y))
-    model.zero_grad()
-    expected = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
-    expected.backward()
-    assert loss == pytest.approx(expected.item(), rel=1e-5)
-    for name, p in model.named_parameters():
-        np.testing.assert_allclose(state.parameters[name].grad, p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+    assert_step_matches_torch(model, tmp_path, x, y, torch.nn.functional.cross_entropy)
 
 
 def test_an_if_on_a_run_time_size_stays():

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxtrain.api import CheckpointState, Module
 from onnxtrain.artifacts import LossType, generate_artifacts
+from tests.artifacts.torch_step import assert_step_matches_torch
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxscript")  # the dynamo exporter's; it needs a newer onnx than onnxtrain's floor
@@ -49,11 +49,4 @@ def test_gradients_stop_at_detach(tmp_path, make, optimize):
     torch.onnx.export(model, (torch.from_numpy(x),), str(path), dynamo=True, optimize=optimize,
                       input_names=["x"], output_names=["y"])
     generate_artifacts(str(path), loss=LossType.MSELoss, artifact_directory=tmp_path / "artifacts")
-    state = CheckpointState.load_checkpoint(tmp_path / "artifacts" / "checkpoint")
-    loss = float(Module(tmp_path / "artifacts" / "training_model.onnx", state)(x, target))
-    model.zero_grad()
-    expected = torch.nn.functional.mse_loss(model(torch.from_numpy(x)), torch.from_numpy(target))
-    expected.backward()
-    assert loss == pytest.approx(expected.item(), rel=1e-5)
-    for name, p in model.named_parameters():
-        np.testing.assert_allclose(state.parameters[name].grad, p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+    assert_step_matches_torch(model, tmp_path / "artifacts", x, target, torch.nn.functional.mse_loss)

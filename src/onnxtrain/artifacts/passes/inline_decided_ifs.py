@@ -23,7 +23,15 @@ import onnx
 
 from onnxtrain.autodiff.subgraph import inline_constant_ifs
 from onnxtrain.ir.pass_infra import Pass, PassResult
-from onnxtrain.ir.passes import clone, constant_values, default_opset, fresh_name, has_subgraphs, used_names
+from onnxtrain.ir.passes import (
+    clone,
+    constant_values,
+    default_opset,
+    fresh_name,
+    has_subgraphs,
+    rename_values,
+    used_names,
+)
 from onnxtrain.ir.types import TensorInfo, info_from_type, onnx_dtype
 
 __all__ = ["InlineDecidedIfs"]
@@ -86,9 +94,7 @@ def _unclashed(node: onnx.NodeProto, taken: set[str]) -> onnx.NodeProto:
                   or any(x in n.output for n in g.node)}
         for init in g.initializer:
             init.name = rename.get(init.name, init.name)
-        for n in g.node:
-            n.input[:] = [rename.get(x, x) for x in n.input]
-            n.output[:] = [rename.get(x, x) for x in n.output]
+        rename_values(g.node, rename)
         for o in g.output:
             o.name = rename.get(o.name, o.name)
     taken.update(made)

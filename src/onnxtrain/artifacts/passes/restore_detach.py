@@ -35,31 +35,32 @@ class RestoreDetach(Pass):
     def call(self, model: onnx.ModelProto) -> PassResult:
         graph = model.graph
         producer = producer_index(graph.node)
-        found: list[tuple[int, int, str]] = []  # (node, input position, the detach's FX name)
+        found: list[tuple[int, int, str, str]] = []  # (node, input, the detach's FX name, the value it hid)
         for k, node in enumerate(graph.node):
             call = fx_call(node)
             detached = [a for a in call.args if a and _DETACH_NAME.fullmatch(a)] if call is not None else []
             if len(detached) != 1:
                 continue
             own = fx_output(node)
-            hidden = []
+            hidden, explicit = [], False
             for j, x in enumerate(node.input):
                 made_by = graph.node[producer[x]] if x in producer else None
-                if made_by is None or is_detach(made_by):
+                if made_by is None:
+                    continue
+                if is_detach(made_by):
+                    explicit = True
                     continue
                 name = fx_output(made_by)
                 if name is not None and name != own and name not in call.args:
                     hidden.append((j, name))
-            explicit = any(x in producer and is_detach(graph.node[producer[x]]) for x in node.input)
             if len(hidden) == 1 and not explicit:
-                found.append((k, hidden[0][0], f"{detached[0]}|{hidden[0][1]}"))
+                found.append((k, hidden[0][0], detached[0], hidden[0][1]))
         if not found:
             return PassResult(model, False)
         out = clone(model)
         taken = used_names(out.graph)
-        inserted: dict[int, list[onnx.NodeProto]] = {}
-        for k, j, names in found:
-            detach_name, source = names.split("|")
+        inserted: dict[int, onnx.NodeProto] = {}  # node -> the Identity it reads through (one each)
+        for k, j, detach_name, source in found:
             node = out.graph.node[k]
             value = fresh_name(f"{node.input[j]}/detached", taken)
             identity = helper.make_node("Identity", [node.input[j]], [value], name=fresh_name(f"restored_{detach_name}",
@@ -67,11 +68,10 @@ class RestoreDetach(Pass):
             identity.metadata_props.add(key=FX_NODE, value=f"%{detach_name} : [num_users=1] = call_function[target="
                                                            f"{DETACH_TARGET}](args = (%{source},), kwargs = {{}})")
             node.input[j] = value
-            inserted.setdefault(k, []).append(identity)
+            inserted[k] = identity
         nodes = []
         for k, node in enumerate(out.graph.node):
-            nodes.extend(inserted.get(k, []))
-            nodes.append(node)
+            nodes.extend([inserted[k], node] if k in inserted else [node])
         del out.graph.node[:]
         out.graph.node.extend(nodes)
         return PassResult(out, True)
